@@ -1,0 +1,59 @@
+"""aiocudasem: CUDA external semaphores and stream completion for async Python.
+
+Enqueue semaphore waits and signals on CUDA streams (synchronous, non-blocking), then ``await``
+the GPU from asyncio or trio, through a GIL-free C host function routed to the event loop.
+"""
+
+from ._driver import DRIVER_ENV as DRIVER_ENV
+from ._driver import Driver as Driver
+from ._driver import get_driver as get_driver
+from ._errors import AiocudasemError as AiocudasemError
+from ._errors import CudaError as CudaError
+from ._errors import DeviceFaultError as DeviceFaultError
+from ._errors import DeviceMismatchError as DeviceMismatchError
+from ._errors import DriverUnavailableError as DriverUnavailableError
+from ._errors import UnsupportedHandleTypeError as UnsupportedHandleTypeError
+from ._errors import VulkanError as VulkanError
+from ._errors import VulkanUnavailableError as VulkanUnavailableError
+from ._notifier import Tuning as Tuning
+from ._notifier import configure as configure
+from ._semaphore import ExternalSemaphore as ExternalSemaphore
+from ._semaphore import HandleType as HandleType
+from ._semaphore import Signal as Signal
+from ._semaphore import Wait as Wait
+from ._semaphore import import_semaphore as import_semaphore
+from ._stream import Event as Event
+from ._stream import HandOff as HandOff
+from ._stream import Stream as Stream
+from ._stream import open_stream as open_stream
+from ._stream import wait_external_semaphores as wait_external_semaphores
+from ._stream import wait_stream as wait_stream
+
+__version__ = "0.1.0"
+
+__all__ = (
+    "DRIVER_ENV",
+    "AiocudasemError",
+    "CudaError",
+    "DeviceFaultError",
+    "DeviceMismatchError",
+    "Driver",
+    "DriverUnavailableError",
+    "Event",
+    "ExternalSemaphore",
+    "HandOff",
+    "HandleType",
+    "Signal",
+    "Stream",
+    "Tuning",
+    "UnsupportedHandleTypeError",
+    "VulkanError",
+    "VulkanUnavailableError",
+    "Wait",
+    "configure",
+    "get_driver",
+    "import_semaphore",
+    "open_stream",
+    "wait_external_semaphores",
+    "wait_stream",
+)

@@ -1,0 +1,148 @@
+"""The device seam: a small synchronous Protocol on int handles.
+
+Everything above this package is backend-free. A driver never awaits, never touches the event
+loop, and raises only :mod:`aiocudasem._errors` exceptions (the CUDA driver's own exceptions are
+translated inside ``_cuda``). Two drivers exist: ``cuda`` (the real one, the default) and ``sim``
+(a simulated device for tests, CI and users' own test suites).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from .._errors import DriverUnavailableError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ("DRIVER_ENV", "Driver", "SemaphoreDesc", "SemOp", "get_driver")
+
+#: Environment variable that picks the default driver: ``cuda`` (default) or ``sim``.
+DRIVER_ENV = "AIOCUDASEM_DRIVER"
+
+
+@dataclass(frozen=True, slots=True)
+class SemaphoreDesc:
+    """What to import: the fields of ``CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC``."""
+
+    handle_type: int
+    fd: int = -1
+    win32_handle: int = 0
+    win32_name: int = 0  # address of a NUL-terminated UTF-16 name, kept alive by the caller
+    nvsci_obj: int = 0
+    flags: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SemOp:
+    """One entry of a wait or signal batch, on a driver semaphore handle."""
+
+    sem: int
+    value: int = 0  # fence value: timeline and D3D fences
+    key: int = 0  # keyed mutex key
+    timeout_ms: int = 0  # keyed mutex acquire timeout (waits only)
+    nvsci_fence: int = 0  # address of an NvSciSyncFence
+    flags: int = 0
+
+
+@runtime_checkable
+class Driver(Protocol):
+    """The operations the library needs from a device. All calls are synchronous and cheap
+    (they enqueue, query or create); only ``stream_synchronize`` blocks."""
+
+    name: str
+    simulated: bool
+
+    # devices
+    def device_count(self) -> int: ...
+    def device_uuid(self, ordinal: int) -> bytes: ...
+    def device_name(self, ordinal: int) -> str: ...
+    def check_health(self, ordinal: int) -> None:
+        """Raise DeviceFaultError if the device's context hit a sticky error."""
+        ...
+
+    # streams
+    def stream_create(self, ordinal: int, non_blocking: bool, priority: int) -> int: ...
+    def stream_destroy(self, stream: int) -> None: ...
+    def stream_device(self, stream: int) -> int: ...
+    def stream_query(self, stream: int) -> bool: ...
+    def stream_synchronize(self, stream: int) -> None: ...
+    def stream_wait_event(self, stream: int, event: int) -> None: ...
+    def launch_host_func(self, stream: int, fn: int, user_data: int) -> None: ...
+
+    # events
+    def event_create(self, ordinal: int, timing: bool = False) -> int: ...
+    def event_destroy(self, event: int) -> None: ...
+    def event_record(self, event: int, stream: int) -> None: ...
+    def event_query(self, event: int) -> bool: ...
+    def event_elapsed_ms(self, start: int, end: int) -> float: ...
+
+    # external semaphores
+    def import_semaphore(self, ordinal: int, desc: SemaphoreDesc) -> int: ...
+    def destroy_semaphore(self, sem: int) -> None: ...
+    def wait_semaphores(self, ops: Sequence[SemOp], stream: int) -> None: ...
+    def signal_semaphores(self, ops: Sequence[SemOp], stream: int) -> None: ...
+
+    # workloads for the demo, the tests and the benchmarks
+    def alloc_pinned(self, nbytes: int) -> int: ...
+    def free_pinned(self, ptr: int) -> None: ...
+    def launch_spin(self, stream: int, ns: int) -> None:
+        """Enqueue a kernel that runs for ``ns`` nanoseconds of device time."""
+        ...
+
+    def launch_check_frame(self, stream: int, src: int, words: int, frame: int, out: int) -> None:
+        """Enqueue a kernel that counts the words of pinned ``src`` that differ from
+        ``frame_word(frame, i)`` and adds the count to ``out[frame]`` (uint32, pinned)."""
+        ...
+
+    def launch_trap(self, stream: int) -> None:
+        """Enqueue a kernel that traps, faulting the device's context."""
+        ...
+
+
+def frame_word(frame: int, i: int) -> int:
+    """The value the demo's producer writes at word ``i`` of frame ``frame``."""
+    return (frame * 2654435761 + i) & 0xFFFFFFFF
+
+
+_lock = threading.Lock()
+_drivers: dict[str, Driver] = {}
+
+
+def get_driver(name: str | None = None) -> Driver:
+    """Return the process-wide driver called ``name`` (``"cuda"`` or ``"sim"``).
+
+    ``None`` reads ``$AIOCUDASEM_DRIVER`` and falls back to ``"cuda"``: the simulated device is
+    never picked silently. Raises :class:`DriverUnavailableError` if the CUDA driver cannot run
+    here, with a message naming the ``sim`` option, and ``ValueError`` for an unknown name.
+    """
+    if name is None:
+        name = os.environ.get(DRIVER_ENV, "").strip() or "cuda"
+    if not isinstance(name, str):
+        raise TypeError(f"driver name must be a str, not {type(name).__name__}")
+    with _lock:
+        drv = _drivers.get(name)
+        if drv is not None:
+            return drv
+        if name == "cuda":
+            from ._cuda import CudaDriver
+
+            drv = CudaDriver()
+        elif name == "sim":
+            from ._sim import SimDriver
+
+            drv = SimDriver()
+        else:
+            raise ValueError(f"unknown driver {name!r}: use 'cuda' or 'sim'")
+        _drivers[name] = drv
+        return drv
+
+
+def unavailable(reason: str) -> DriverUnavailableError:
+    return DriverUnavailableError(
+        f"the CUDA driver cannot be used: {reason}. To run on the simulated device instead, "
+        f"pass driver='sim' or set {DRIVER_ENV}=sim."
+    )

@@ -1,0 +1,396 @@
+"""The real driver: ``cuda.bindings._v2.driver`` (cuda-bindings 13.5.x).
+
+This is the only module that imports the CUDA bindings. ``_v2`` is marked experimental
+upstream, so the project pins ``cuda-bindings>=13.5,<13.6`` and keeps every use of it here.
+CUDA's exceptions are translated to :mod:`aiocudasem._errors` on the way out, and nowhere else.
+
+All objects live in each device's primary context, the one the CUDA runtime, PyTorch, CuPy and
+cuda.core share, so foreign streams and our events can be mixed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import TYPE_CHECKING, Any, Final, NoReturn
+
+import numpy as np
+
+from .._errors import STICKY_STATUSES, CudaError, DeviceFaultError, DeviceMismatchError
+from . import unavailable
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from . import SemaphoreDesc, SemOp
+
+__all__ = ("CudaDriver",)
+
+_STREAM_NON_BLOCKING: Final = 0x1
+_EVENT_DISABLE_TIMING: Final = 0x2
+_CC_MAJOR: Final = 75  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+_CC_MINOR: Final = 76
+_FD_TYPES: Final = frozenset({1, 9})  # OPAQUE_FD, TIMELINE_SEMAPHORE_FD
+_NVSCISYNC: Final = 6
+
+# The demo, test and benchmark workloads. %globaltimer gives exact device durations; the frame
+# check reads the producer's pinned buffer through volatile loads so it sees the host's writes.
+_KERNELS_SRC: Final = rb"""
+extern "C" __global__ void aiocudasem_spin(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+
+extern "C" __global__ void aiocudasem_check_frame(const unsigned int *src, unsigned int words,
+                                                  unsigned int frame, unsigned int *out) {
+    unsigned int bad = 0;
+    const volatile unsigned int *v = src;
+    for (unsigned int i = threadIdx.x; i < words; i += blockDim.x) {
+        bad += v[i] != frame * 2654435761u + i;
+    }
+    if (bad) atomicAdd_system(out + frame, bad);
+}
+
+extern "C" __global__ void aiocudasem_trap() { __trap(); }
+"""
+
+
+class CudaDriver:
+    """The CUDA driver API through ``cuda.bindings._v2.driver``."""
+
+    name = "cuda"
+    simulated = False
+
+    def __init__(self) -> None:
+        try:
+            from cuda.bindings._v2 import driver as d
+        except ImportError as exc:
+            raise unavailable(
+                f"cuda.bindings._v2.driver cannot be imported ({exc}); "
+                "install cuda-bindings>=13.5,<13.6"
+            ) from None
+        self._d: Any = d
+        self._DriverError: type[Exception] = d.DriverError
+        self._NotReady: type[Exception] = d.NotReadyError
+        try:
+            d.init(0)
+            count = d.device_get_count()
+        except Exception as exc:  # a missing libcuda surfaces as pathfinder's RuntimeError
+            raise unavailable(f"cuInit failed ({exc})") from None
+        if count == 0:
+            raise unavailable("no CUDA device is present")
+        self._count: int = count
+        self._lock = threading.Lock()
+        self._devices: dict[int, int] = {}  # ordinal -> CUdevice
+        self._ordinals: dict[int, int] = {}  # CUdevice -> ordinal
+        self._ctx: dict[int, int] = {}  # ordinal -> primary context
+        self._probe: dict[int, int] = {}  # ordinal -> never-recorded event, for check_health
+        self._kernels: dict[int, dict[str, int]] = {}
+        self._wait_dtype = d.external_semaphore_wait_params_v1_dtype
+        self._signal_dtype = d.external_semaphore_signal_params_v1_dtype
+
+    # ------------------------------------------------------------------ helpers
+
+    def _fail(self, exc: BaseException, what: str) -> NoReturn:
+        status = int(getattr(exc, "status", 999))
+        try:
+            name = str(self._d.get_error_name(status))
+        except Exception:
+            name = f"CUDA_ERROR_{status}"
+        cls = DeviceFaultError if status in STICKY_STATUSES else CudaError
+        raise cls(f"{what} failed: {name} ({status})", status, name) from None
+
+    def _use(self, ordinal: int) -> int:
+        """Make ``ordinal``'s primary context current on this thread; return it."""
+        ctx = self._ctx.get(ordinal)
+        d = self._d
+        try:
+            if ctx is None:
+                if not isinstance(ordinal, int) or not 0 <= ordinal < self._count:
+                    raise CudaError(
+                        f"device ordinal {ordinal!r} out of range [0, {self._count})",
+                        101,
+                        "CUDA_ERROR_INVALID_DEVICE",
+                    )
+                with self._lock:
+                    ctx = self._ctx.get(ordinal)
+                    if ctx is None:
+                        dev = d.device_get(ordinal)
+                        ctx = d.device_primary_ctx_retain(dev)
+                        self._devices[ordinal] = dev
+                        self._ordinals[dev] = ordinal
+                        self._ctx[ordinal] = ctx
+            if d.ctx_get_current() != ctx:
+                d.ctx_set_current(ctx)
+        except self._DriverError as exc:
+            self._fail(exc, "cuDevicePrimaryCtxRetain")
+        return ctx
+
+    # ------------------------------------------------------------------ devices
+
+    def device_count(self) -> int:
+        return self._count
+
+    def device_uuid(self, ordinal: int) -> bytes:
+        self._use(ordinal)
+        try:
+            uuid = self._d.device_get_uuid_v2(self._devices[ordinal])
+        except self._DriverError as exc:
+            self._fail(exc, "cuDeviceGetUuid")
+        raw = getattr(uuid, "bytes", uuid)
+        if isinstance(raw, (bytes, bytearray)):
+            return bytes(raw[:16])
+        return bytes(np.asarray(raw).view(np.uint8).ravel()[:16])
+
+    def device_name(self, ordinal: int) -> str:
+        self._use(ordinal)
+        try:
+            raw = self._d.device_get_name(256, self._devices[ordinal])
+        except self._DriverError as exc:
+            self._fail(exc, "cuDeviceGetName")
+        return bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
+
+    def check_health(self, ordinal: int) -> None:
+        probe = self._probe.get(ordinal)
+        if probe is None:
+            probe = self._probe[ordinal] = self.event_create(ordinal)
+        self.event_query(probe)
+
+    # ------------------------------------------------------------------ streams
+
+    def stream_create(self, ordinal: int, non_blocking: bool, priority: int) -> int:
+        self._use(ordinal)
+        flags = _STREAM_NON_BLOCKING if non_blocking else 0
+        try:
+            return int(self._d.stream_create_with_priority(flags, priority))
+        except self._DriverError as exc:
+            self._fail(exc, "cuStreamCreateWithPriority")
+
+    def stream_destroy(self, stream: int) -> None:
+        try:
+            self._d.stream_destroy_v2(stream)
+        except self._DriverError as exc:
+            self._fail(exc, "cuStreamDestroy")
+
+    def stream_device(self, stream: int) -> int:
+        d = self._d
+        if stream in (0, 1, 2):  # NULL, legacy and per-thread streams: the current device's
+            if d.ctx_get_current() == 0:
+                self._use(0)
+        try:
+            dev = int(d.stream_get_device(stream))
+            ctx = int(d.stream_get_ctx(stream))
+        except self._DriverError as exc:
+            self._fail(exc, "cuStreamGetDevice")
+        ordinal = self._ordinals.get(dev)
+        if ordinal is None:
+            ordinal = next(i for i in range(self._count) if int(d.device_get(i)) == dev)
+        if ctx != self._use(ordinal):
+            raise DeviceMismatchError(
+                f"stream {stream:#x} belongs to a context other than device {ordinal}'s primary "
+                "context; aiocudasem works in primary contexts (those of the CUDA runtime, "
+                "PyTorch, CuPy and cuda.core)"
+            )
+        return ordinal
+
+    def stream_query(self, stream: int) -> bool:
+        try:
+            self._d.stream_query(stream)
+        except self._NotReady:
+            return False
+        except self._DriverError as exc:
+            self._fail(exc, "cuStreamQuery")
+        return True
+
+    def stream_synchronize(self, stream: int) -> None:
+        try:
+            self._d.stream_synchronize(stream)
+        except self._DriverError as exc:
+            self._fail(exc, "cuStreamSynchronize")
+
+    def stream_wait_event(self, stream: int, event: int) -> None:
+        try:
+            self._d.stream_wait_event(stream, event, 0)
+        except self._DriverError as exc:
+            self._fail(exc, "cuStreamWaitEvent")
+
+    def launch_host_func(self, stream: int, fn: int, user_data: int) -> None:
+        # _v2.launch_host_func hands the raw C pointer to cuLaunchHostFunc: no Python
+        # trampoline, so the driver's callback thread never takes the GIL.
+        try:
+            self._d.launch_host_func(stream, fn, user_data)
+        except self._DriverError as exc:
+            self._fail(exc, "cuLaunchHostFunc")
+
+    # ------------------------------------------------------------------ events
+
+    def event_create(self, ordinal: int, timing: bool = False) -> int:
+        self._use(ordinal)
+        try:
+            return int(self._d.event_create(0 if timing else _EVENT_DISABLE_TIMING))
+        except self._DriverError as exc:
+            self._fail(exc, "cuEventCreate")
+
+    def event_destroy(self, event: int) -> None:
+        try:
+            self._d.event_destroy_v2(event)
+        except self._DriverError as exc:
+            self._fail(exc, "cuEventDestroy")
+
+    def event_record(self, event: int, stream: int) -> None:
+        try:
+            self._d.event_record(event, stream)
+        except self._DriverError as exc:
+            self._fail(exc, "cuEventRecord")
+
+    def event_query(self, event: int) -> bool:
+        try:
+            self._d.event_query(event)
+        except self._NotReady:
+            return False
+        except self._DriverError as exc:
+            self._fail(exc, "cuEventQuery")
+        return True
+
+    def event_elapsed_ms(self, start: int, end: int) -> float:
+        try:
+            return float(self._d.event_elapsed_time_v2(start, end))
+        except self._DriverError as exc:
+            self._fail(exc, "cuEventElapsedTime")
+
+    # ------------------------------------------------------------------ external semaphores
+
+    def import_semaphore(self, ordinal: int, desc: SemaphoreDesc) -> int:
+        d = self._d
+        self._use(ordinal)
+        raw = d.ExternalSemaphoreHandleDesc_v1()
+        raw.type = desc.handle_type
+        if desc.handle_type in _FD_TYPES:
+            raw.handle.fd = desc.fd
+        elif desc.handle_type == _NVSCISYNC:
+            raw.handle.nv_sci_sync_obj = desc.nvsci_obj
+        else:
+            raw.handle.win32.handle = desc.win32_handle
+            raw.handle.win32.name = desc.win32_name
+        raw.flags_ = desc.flags
+        try:
+            return int(d.import_external_semaphore(raw.ptr))
+        except self._DriverError as exc:
+            self._fail(exc, "cuImportExternalSemaphore")
+
+    def destroy_semaphore(self, sem: int) -> None:
+        try:
+            self._d.destroy_external_semaphore(sem)
+        except self._DriverError as exc:
+            self._fail(exc, "cuDestroyExternalSemaphore")
+
+    def wait_semaphores(self, ops: Sequence[SemOp], stream: int) -> None:
+        params = np.zeros(len(ops), dtype=self._wait_dtype)
+        p = params["params"]
+        p["fence"]["value"] = [op.value for op in ops]
+        p["nv_sci_sync"]["fence"] = [op.nvsci_fence for op in ops]
+        p["keyed_mutex"]["key"] = [op.key for op in ops]
+        p["keyed_mutex"]["timeout_ms"] = [op.timeout_ms for op in ops]
+        params["flags_"] = [op.flags for op in ops]
+        try:
+            self._d.wait_external_semaphores_async(
+                [op.sem for op in ops], params.ctypes.data, len(ops), stream
+            )
+        except self._DriverError as exc:
+            self._fail(exc, "cuWaitExternalSemaphoresAsync")
+
+    def signal_semaphores(self, ops: Sequence[SemOp], stream: int) -> None:
+        params = np.zeros(len(ops), dtype=self._signal_dtype)
+        p = params["params"]
+        p["fence"]["value"] = [op.value for op in ops]
+        p["nv_sci_sync"]["fence"] = [op.nvsci_fence for op in ops]
+        p["keyed_mutex"]["key"] = [op.key for op in ops]
+        params["flags_"] = [op.flags for op in ops]
+        try:
+            self._d.signal_external_semaphores_async(
+                [op.sem for op in ops], params.ctypes.data, len(ops), stream
+            )
+        except self._DriverError as exc:
+            self._fail(exc, "cuSignalExternalSemaphoresAsync")
+
+    # ------------------------------------------------------------------ workloads
+
+    def alloc_pinned(self, nbytes: int) -> int:
+        if not isinstance(nbytes, int) or nbytes <= 0:
+            raise ValueError("nbytes must be a positive int")
+        self._use(0)
+        try:
+            return int(self._d.mem_alloc_host_v2(nbytes))
+        except self._DriverError as exc:
+            self._fail(exc, "cuMemAllocHost")
+
+    def free_pinned(self, ptr: int) -> None:
+        try:
+            self._d.mem_free_host(ptr)
+        except self._DriverError as exc:
+            self._fail(exc, "cuMemFreeHost")
+
+    def _kernel(self, stream: int, name: str) -> int:
+        ordinal = self.stream_device(stream)
+        kernels = self._kernels.get(ordinal)
+        if kernels is None:
+            kernels = self._kernels[ordinal] = self._compile(ordinal)
+        return kernels[name]
+
+    def _compile(self, ordinal: int) -> dict[str, int]:
+        # cubin for the device's own architecture: PTX from a newer NVRTC can be rejected by
+        # an older driver.
+        from cuda.bindings._v2 import nvrtc
+
+        d = self._d
+        dev = self._devices[ordinal]
+        major = d.device_get_attribute(_CC_MAJOR, dev)
+        minor = d.device_get_attribute(_CC_MINOR, dev)
+        prog = nvrtc.create_program(_KERNELS_SRC, b"aiocudasem_kernels.cu", None, None)
+        try:
+            try:
+                nvrtc.compile_program(prog, [f"-arch=sm_{major}{minor}".encode()])
+            except nvrtc.NvrtcError as exc:
+                log = nvrtc.get_program_log(prog).decode(errors="replace")
+                raise CudaError(f"NVRTC compile failed: {exc}\n{log}", 218, "NVRTC") from None
+            cubin = nvrtc.get_cubin(prog)
+        finally:
+            nvrtc.destroy_program(prog)
+        try:
+            lib = d.library_load_data(cubin, 0, 0, 0, 0, 0, 0)
+            return {
+                n: int(d.library_get_kernel(lib, f"aiocudasem_{n}".encode()))
+                for n in ("spin", "check_frame", "trap")
+            }
+        except self._DriverError as exc:
+            self._fail(exc, "cuLibraryLoadData")
+
+    def _launch(self, stream: int, name: str, threads: int, *args: Any) -> None:
+        kernel = self._kernel(stream, name)
+        ptrs = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(a) for a in args])
+        try:
+            self._d.launch_kernel(
+                kernel, 1, 1, 1, threads, 1, 1, 0, stream, ctypes.addressof(ptrs), 0
+            )
+        except self._DriverError as exc:
+            self._fail(exc, "cuLaunchKernel")
+
+    def launch_spin(self, stream: int, ns: int) -> None:
+        self._launch(stream, "spin", 1, ctypes.c_uint64(ns))
+
+    def launch_check_frame(self, stream: int, src: int, words: int, frame: int, out: int) -> None:
+        self._launch(
+            stream,
+            "check_frame",
+            256,
+            ctypes.c_void_p(src),
+            ctypes.c_uint32(words),
+            ctypes.c_uint32(frame),
+            ctypes.c_void_p(out),
+        )
+
+    def launch_trap(self, stream: int) -> None:
+        self._launch(stream, "trap", 1)

@@ -1,0 +1,519 @@
+"""The simulated device: the driver Protocol in pure Python plus threads.
+
+It follows CUDA's semantics closely enough to test the library and users' pipelines without a
+GPU:
+
+- each stream is a FIFO run by its own worker thread; an event captures "everything enqueued so
+  far" on its stream;
+- a timeline semaphore wait completes when the value is >= N; a binary (opaque) wait consumes one
+  signal;
+- host functions are real C function pointers, called through ctypes from the worker thread, the
+  way the driver calls them, so the real C notifier runs in CI;
+- faults can be injected: a sticky context error (every later call fails, pending work and host
+  functions are dropped, as after a trapped kernel) and a semaphore whose producer is stuck.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Final
+
+import numpy as np
+
+from .._errors import CudaError, DeviceFaultError, STICKY_STATUSES
+from . import frame_word
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from . import SemaphoreDesc, SemOp
+
+__all__ = ("SimDriver", "SimProducer")
+
+_INVALID_VALUE: Final = 1
+_INVALID_HANDLE: Final = 400
+_NOT_SUPPORTED: Final = 801
+_LAUNCH_FAILED: Final = 719
+_OPAQUE_FD: Final = 1
+_NVSCISYNC: Final = 6
+_TIMELINE_FD: Final = 9
+
+_HOST_FN_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_U64: Final = 1 << 64
+
+_CUDA_NAMES: Final = {
+    _INVALID_VALUE: "CUDA_ERROR_INVALID_VALUE",
+    _INVALID_HANDLE: "CUDA_ERROR_INVALID_HANDLE",
+    _NOT_SUPPORTED: "CUDA_ERROR_NOT_SUPPORTED",
+    _LAUNCH_FAILED: "CUDA_ERROR_LAUNCH_FAILED",
+    700: "CUDA_ERROR_ILLEGAL_ADDRESS",
+}
+
+
+def _error(status: int, what: str) -> CudaError:
+    name = _CUDA_NAMES.get(status, f"CUDA_ERROR_{status}")
+    cls = DeviceFaultError if status in STICKY_STATUSES else CudaError
+    return cls(f"{what} failed: {name} ({status}) [simulated]", status, name)
+
+
+class _Semaphore:
+    __slots__ = ("binary", "exported", "imported", "stuck", "value")
+
+    def __init__(self, binary: bool, initial: int) -> None:
+        self.binary = binary
+        self.value = initial  # timeline value, or 1/0 for a signalled/unsignalled binary
+        self.stuck = False
+        self.imported = 0
+        self.exported: set[int] = set()
+
+
+class _Stream:
+    __slots__ = ("cond", "destroyed", "device", "done", "handle", "ops", "submitted", "thread")
+
+    def __init__(self, handle: int, device: int, lock: threading.Lock) -> None:
+        self.handle = handle
+        self.device = device
+        self.ops: deque[Callable[[], None]] = deque()
+        self.cond = threading.Condition(lock)
+        self.submitted = 0  # ops enqueued
+        self.done = 0  # ops finished
+        self.destroyed = False
+        self.thread: threading.Thread | None = None
+
+
+class _Event:
+    __slots__ = ("device", "stream", "seq", "stamp", "timing")
+
+    def __init__(self, device: int, timing: bool) -> None:
+        self.device = device
+        self.stream: _Stream | None = None
+        self.seq = 0
+        self.stamp = 0.0
+        self.timing = timing
+
+
+class SimProducer:
+    """The host side of a simulated external semaphore: what a Vulkan renderer, a decoder or a
+    peer process would do with its end. Thread-safe."""
+
+    def __init__(self, driver: SimDriver, sem: _Semaphore) -> None:
+        self._driver = driver
+        self._sem = sem
+
+    @property
+    def is_timeline(self) -> bool:
+        return not self._sem.binary
+
+    @property
+    def value(self) -> int:
+        """The timeline value, or 1 if a binary semaphore is signalled and 0 if not."""
+        with self._driver._lock:
+            return self._sem.value
+
+    def export_fd(self) -> int:
+        """A new fd for this semaphore; ``import_semaphore`` takes ownership of it."""
+        return self._driver._export(self._sem)
+
+    def signal(self, value: int | None = None) -> None:
+        """Signal from the host: set a timeline to ``value`` or signal a binary semaphore
+        (``value`` must then be ``None``). Never blocks."""
+        sem = self._sem
+        if sem.binary:
+            if value is not None:
+                raise ValueError("a binary semaphore is signalled without a value")
+        elif not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < _U64:
+            raise ValueError(f"timeline value must be an int in [0, 2**64), not {value!r}")
+        with self._driver._lock:
+            if not sem.stuck:
+                sem.value = 1 if sem.binary else value  # type: ignore[assignment]
+            self._driver._deps.notify_all()
+
+    def wait(self, value: int | None = None, timeout: float | None = None) -> bool:
+        """Block until a timeline reaches ``value`` (or a binary one is signalled, consuming
+        the signal). Returns False after ``timeout`` seconds."""
+        sem = self._sem
+        if not sem.binary and (value is None or not 0 <= value < _U64):
+            raise ValueError("a timeline wait needs a value in [0, 2**64)")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._driver._lock:
+            while not (sem.value >= 1 if sem.binary else sem.value >= value):  # type: ignore[operator]
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._driver._deps.wait(left)
+            if sem.binary:
+                sem.value = 0
+            return True
+
+    def set_stuck(self, stuck: bool = True) -> None:
+        """Model a producer that died: while stuck, no signal (host or GPU) changes the value."""
+        with self._driver._lock:
+            self._sem.stuck = stuck
+
+
+class SimDriver:
+    """A simulated CUDA device. ``devices`` is the number of simulated GPUs."""
+
+    simulated = True
+
+    def __init__(self, devices: int = 2, name: str = "sim") -> None:
+        if not isinstance(devices, int) or devices < 1:
+            raise ValueError("devices must be a positive int")
+        self.name = name
+        self._devices = devices
+        self._lock = threading.Lock()
+        self._deps = threading.Condition(self._lock)  # semaphore and event progress
+        self._ids = itertools.count(0x1000, 0x10)
+        self._streams: dict[int, _Stream] = {}
+        self._events: dict[int, _Event] = {}
+        self._sems: dict[int, _Semaphore] = {}  # imported handle -> semaphore
+        self._sem_devices: dict[int, int] = {}
+        self._exports: dict[int, _Semaphore] = {}  # exported fd -> semaphore
+        self._pinned: dict[int, ctypes.Array[ctypes.c_char]] = {}
+        self._faults: dict[int, int] = {}
+        self._host_fns: dict[int, Callable[[int | None], None]] = {}
+        # The legacy default stream, handle 0, on device 0.
+        self._streams[0] = _Stream(0, 0, self._lock)
+
+    # ------------------------------------------------------------------ simulator controls
+
+    def create_semaphore(self, timeline: bool = True, initial: int = 0) -> SimProducer:
+        """Create an external semaphore owned by a simulated producer."""
+        if not 0 <= initial < _U64:
+            raise ValueError("initial must be in [0, 2**64)")
+        if not timeline and initial not in (0, 1):
+            raise ValueError("a binary semaphore starts at 0 (unsignalled) or 1 (signalled)")
+        return SimProducer(self, _Semaphore(not timeline, initial))
+
+    def inject_fault(self, ordinal: int = 0, status: int = 700) -> None:
+        """Put device ``ordinal``'s context into a sticky error: pending work is dropped, host
+        functions are never called, and every later call on it raises DeviceFaultError."""
+        if status not in STICKY_STATUSES:
+            raise ValueError(f"{status} is not a sticky CUresult")
+        with self._lock:
+            self._faults.setdefault(ordinal, status)
+            for s in self._streams.values():
+                if s.device == ordinal:
+                    s.ops.clear()
+                    s.cond.notify_all()
+            self._deps.notify_all()
+
+    def launch(self, stream: int, fn: Callable[[], None]) -> None:
+        """Enqueue a Python callable as a simulated kernel. It runs on the stream's worker
+        thread; an exception in it faults the context with CUDA_ERROR_LAUNCH_FAILED."""
+
+        def kernel() -> None:
+            try:
+                fn()
+            except BaseException:
+                self.inject_fault(self._streams[stream].device, _LAUNCH_FAILED)
+
+        self._enqueue(stream, kernel, "launch")
+
+    # ------------------------------------------------------------------ helpers
+
+    def _check_device(self, ordinal: int, what: str) -> None:
+        if not isinstance(ordinal, int) or not 0 <= ordinal < self._devices:
+            raise _error(101, what)  # CUDA_ERROR_INVALID_DEVICE
+        status = self._faults.get(ordinal)
+        if status is not None:
+            raise _error(status, what)
+
+    def _stream(self, handle: int, what: str) -> _Stream:
+        s = self._streams.get(handle)
+        if s is None or s.destroyed:
+            raise _error(_INVALID_HANDLE, what)
+        self._check_device(s.device, what)
+        return s
+
+    def _enqueue(self, stream: int, op: Callable[[], None], what: str) -> None:
+        with self._lock:
+            s = self._stream(stream, what)
+            self._push(s, op)
+
+    def _push(self, s: _Stream, op: Callable[[], None]) -> None:
+        # Called with the lock held.
+        s.ops.append(op)
+        s.submitted += 1
+        if s.thread is None:
+            s.thread = threading.Thread(
+                target=self._run, args=(s,), name=f"aiocudasem-sim-{s.handle:#x}", daemon=True
+            )
+            s.thread.start()
+        s.cond.notify()
+
+    def _run(self, s: _Stream) -> None:
+        while True:
+            with self._lock:
+                while not s.ops:
+                    if s.destroyed or s.device in self._faults:
+                        s.thread = None
+                        if s.destroyed:
+                            self._streams.pop(s.handle, None)
+                        return
+                    s.cond.wait()
+                if s.device in self._faults:
+                    s.ops.clear()
+                    continue
+                op = s.ops[0]
+            op()  # outside the lock: ops block on dependencies and call host functions
+            with self._lock:
+                if s.ops and s.ops[0] is op:
+                    s.ops.popleft()
+                if s.device not in self._faults:
+                    s.done += 1
+                self._deps.notify_all()
+
+    def _block_until(self, device: int, ready: Callable[[], bool]) -> bool:
+        """Block a worker until ``ready()`` (evaluated under the lock) or a fault."""
+        with self._lock:
+            while not ready():
+                if device in self._faults:
+                    return False
+                self._deps.wait()
+            return True
+
+    def _export(self, sem: _Semaphore) -> int:
+        fd = os.eventfd(0, os.EFD_CLOEXEC)
+        with self._lock:
+            self._exports[fd] = sem
+            sem.exported.add(fd)
+        return fd
+
+    # ------------------------------------------------------------------ devices
+
+    def device_count(self) -> int:
+        return self._devices
+
+    def device_uuid(self, ordinal: int) -> bytes:
+        self._check_device(ordinal, "cuDeviceGetUuid")
+        return bytes([0x51, 0x4D] + [ordinal] * 14)
+
+    def device_name(self, ordinal: int) -> str:
+        self._check_device(ordinal, "cuDeviceGetName")
+        return f"Simulated CUDA device {ordinal}"
+
+    def check_health(self, ordinal: int) -> None:
+        with self._lock:
+            self._check_device(ordinal, "cuEventQuery")
+
+    # ------------------------------------------------------------------ streams
+
+    def stream_create(self, ordinal: int, non_blocking: bool, priority: int) -> int:
+        with self._lock:
+            self._check_device(ordinal, "cuStreamCreateWithPriority")
+            handle = next(self._ids)
+            self._streams[handle] = _Stream(handle, ordinal, self._lock)
+            return handle
+
+    def stream_destroy(self, stream: int) -> None:
+        with self._lock:
+            s = self._streams.get(stream)
+            if s is None or s.destroyed or stream == 0:
+                raise _error(_INVALID_HANDLE, "cuStreamDestroy")
+            # Like the driver: returns at once, pending work still completes.
+            s.destroyed = True
+            if s.thread is None:
+                del self._streams[stream]
+            s.cond.notify_all()
+
+    def stream_device(self, stream: int) -> int:
+        with self._lock:
+            return self._stream(stream, "cuStreamGetDevice").device
+
+    def stream_query(self, stream: int) -> bool:
+        with self._lock:
+            s = self._stream(stream, "cuStreamQuery")
+            return s.done == s.submitted
+
+    def stream_synchronize(self, stream: int) -> None:
+        with self._lock:
+            s = self._stream(stream, "cuStreamSynchronize")
+            target = s.submitted
+        if not self._block_until(s.device, lambda: s.done >= target):
+            raise _error(self._faults[s.device], "cuStreamSynchronize")
+
+    def stream_wait_event(self, stream: int, event: int) -> None:
+        with self._lock:
+            s = self._stream(stream, "cuStreamWaitEvent")
+            ev = self._event(event, "cuStreamWaitEvent")
+            src, seq = ev.stream, ev.seq  # the state captured now, as the driver does
+            self._push(s, lambda: self._wait_seq(s.device, src, seq))
+
+    def _wait_seq(self, device: int, src: _Stream | None, seq: int) -> None:
+        if src is not None:
+            self._block_until(device, lambda: src.done >= seq)
+
+    def launch_host_func(self, stream: int, fn: int, user_data: int) -> None:
+        with self._lock:
+            s = self._stream(stream, "cuLaunchHostFunc")
+            call = self._host_fns.get(fn)
+            if call is None:
+                call = self._host_fns[fn] = _HOST_FN_TYPE(fn)
+            self._push(s, lambda: call(user_data))
+
+    # ------------------------------------------------------------------ events
+
+    def _event(self, event: int, what: str) -> _Event:
+        ev = self._events.get(event)
+        if ev is None:
+            raise _error(_INVALID_HANDLE, what)
+        self._check_device(ev.device, what)
+        return ev
+
+    def event_create(self, ordinal: int, timing: bool = False) -> int:
+        with self._lock:
+            self._check_device(ordinal, "cuEventCreate")
+            handle = next(self._ids)
+            self._events[handle] = _Event(ordinal, timing)
+            return handle
+
+    def event_destroy(self, event: int) -> None:
+        with self._lock:
+            if self._events.pop(event, None) is None:
+                raise _error(_INVALID_HANDLE, "cuEventDestroy")
+
+    def event_record(self, event: int, stream: int) -> None:
+        with self._lock:
+            ev = self._event(event, "cuEventRecord")
+            s = self._stream(stream, "cuEventRecord")
+            if ev.device != s.device:
+                raise _error(_INVALID_HANDLE, "cuEventRecord")
+            self._push(s, lambda: self._stamp(ev))
+            ev.stream, ev.seq = s, s.submitted
+
+    @staticmethod
+    def _stamp(ev: _Event) -> None:
+        ev.stamp = time.perf_counter()
+
+    def event_query(self, event: int) -> bool:
+        with self._lock:
+            ev = self._event(event, "cuEventQuery")
+            return ev.stream is None or ev.stream.done >= ev.seq
+
+    def event_elapsed_ms(self, start: int, end: int) -> float:
+        with self._lock:
+            a = self._event(start, "cuEventElapsedTime")
+            b = self._event(end, "cuEventElapsedTime")
+            if not (a.timing and b.timing) or a.stream is None or b.stream is None:
+                raise _error(_INVALID_HANDLE, "cuEventElapsedTime")
+            if a.stream.done < a.seq or b.stream.done < b.seq:
+                raise _error(600, "cuEventElapsedTime")  # CUDA_ERROR_NOT_READY
+            return (b.stamp - a.stamp) * 1e3
+
+    # ------------------------------------------------------------------ external semaphores
+
+    def import_semaphore(self, ordinal: int, desc: SemaphoreDesc) -> int:
+        with self._lock:
+            self._check_device(ordinal, "cuImportExternalSemaphore")
+            if desc.handle_type not in (_OPAQUE_FD, _TIMELINE_FD):
+                # The simulated platform, like Linux on a discrete GPU, has only fd handles.
+                raise _error(_NOT_SUPPORTED, "cuImportExternalSemaphore")
+            sem = self._exports.get(desc.fd)
+            if sem is None or desc.flags != 0:
+                raise _error(_INVALID_VALUE, "cuImportExternalSemaphore")
+            try:
+                os.fstat(desc.fd)
+            except OSError:
+                raise _error(_INVALID_VALUE, "cuImportExternalSemaphore") from None
+            if sem.binary != (desc.handle_type == _OPAQUE_FD):
+                raise _error(_INVALID_VALUE, "cuImportExternalSemaphore")
+            # Success: the driver owns the fd now, and closes it.
+            del self._exports[desc.fd]
+            sem.exported.discard(desc.fd)
+            os.close(desc.fd)
+            handle = next(self._ids)
+            self._sems[handle] = sem
+            self._sem_devices[handle] = ordinal
+            sem.imported += 1
+            return handle
+
+    def destroy_semaphore(self, sem: int) -> None:
+        with self._lock:
+            s = self._sems.pop(sem, None)
+            if s is None:
+                raise _error(_INVALID_HANDLE, "cuDestroyExternalSemaphore")
+            del self._sem_devices[sem]
+            s.imported -= 1
+
+    def _sem_ops(
+        self, ops: Sequence[SemOp], stream: int, what: str
+    ) -> tuple[_Stream, list[tuple[_Semaphore, SemOp]]]:
+        s = self._stream(stream, what)
+        resolved = []
+        for op in ops:
+            sem = self._sems.get(op.sem)
+            if sem is None:
+                raise _error(_INVALID_HANDLE, what)
+            if self._sem_devices[op.sem] != s.device:
+                raise _error(_INVALID_HANDLE, what)
+            resolved.append((sem, op))
+        return s, resolved
+
+    def wait_semaphores(self, ops: Sequence[SemOp], stream: int) -> None:
+        with self._lock:
+            s, resolved = self._sem_ops(ops, stream, "cuWaitExternalSemaphoresAsync")
+
+            def wait_all() -> None:
+                for sem, op in resolved:
+                    if sem.binary:
+                        if self._block_until(s.device, lambda sem=sem: sem.value >= 1):
+                            with self._lock:
+                                sem.value = 0
+                    else:
+                        self._block_until(s.device, lambda sem=sem, v=op.value: sem.value >= v)
+
+            self._push(s, wait_all)
+
+    def signal_semaphores(self, ops: Sequence[SemOp], stream: int) -> None:
+        with self._lock:
+            s, resolved = self._sem_ops(ops, stream, "cuSignalExternalSemaphoresAsync")
+
+            def signal_all() -> None:
+                with self._lock:
+                    for sem, op in resolved:
+                        if not sem.stuck:
+                            sem.value = 1 if sem.binary else op.value
+                    self._deps.notify_all()
+
+            self._push(s, signal_all)
+
+    # ------------------------------------------------------------------ workloads
+
+    def alloc_pinned(self, nbytes: int) -> int:
+        if not isinstance(nbytes, int) or nbytes <= 0:
+            raise ValueError("nbytes must be a positive int")
+        buf = (ctypes.c_char * nbytes)()
+        ptr = ctypes.addressof(buf)
+        with self._lock:
+            self._pinned[ptr] = buf
+        return ptr
+
+    def free_pinned(self, ptr: int) -> None:
+        with self._lock:
+            if self._pinned.pop(ptr, None) is None:
+                raise _error(_INVALID_VALUE, "cuMemFreeHost")
+
+    def launch_spin(self, stream: int, ns: int) -> None:
+        self._enqueue(stream, lambda: time.sleep(ns / 1e9), "cuLaunchKernel")
+
+    def launch_check_frame(self, stream: int, src: int, words: int, frame: int, out: int) -> None:
+        expected = (frame * 2654435761 + np.arange(words, dtype=np.uint64)) & 0xFFFFFFFF
+        assert int(expected[0]) == frame_word(frame, 0)
+
+        def check() -> None:
+            data = np.ctypeslib.as_array((ctypes.c_uint32 * words).from_address(src))
+            slot = ctypes.c_uint32.from_address(out + 4 * frame)
+            slot.value += int(np.count_nonzero(data != expected))
+
+        self._enqueue(stream, check, "cuLaunchKernel")
+
+    def launch_trap(self, stream: int) -> None:
+        with self._lock:
+            device = self._stream(stream, "cuLaunchKernel").device
+        self._enqueue(stream, lambda: self.inject_fault(device, _LAUNCH_FAILED), "cuLaunchKernel")

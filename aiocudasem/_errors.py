@@ -1,0 +1,102 @@
+"""The exception hierarchy.
+
+Every error the library raises on purpose derives from :class:`AiocudasemError`, except misuse,
+which is a plain :class:`TypeError` or :class:`ValueError` whose message says what to do, and
+anyio's :class:`~anyio.ClosedResourceError` for an object used after ``aclose()``.
+
+Errors that come from a driver carry the driver's status code in ``.status`` (a ``CUresult``
+for CUDA, a ``VkResult`` for Vulkan), never only in the message.
+"""
+
+from __future__ import annotations
+
+__all__ = (
+    "AiocudasemError",
+    "CudaError",
+    "DeviceFaultError",
+    "DeviceMismatchError",
+    "DriverUnavailableError",
+    "UnsupportedHandleTypeError",
+    "VulkanError",
+    "VulkanUnavailableError",
+)
+
+# CUresult codes after which the context is unusable (the "sticky" errors of the CUDA driver
+# API documentation): every later call in the process fails with the same code.
+STICKY_STATUSES: frozenset[int] = frozenset(
+    {
+        700,  # CUDA_ERROR_ILLEGAL_ADDRESS
+        702,  # CUDA_ERROR_LAUNCH_TIMEOUT
+        710,  # CUDA_ERROR_ASSERT
+        714,  # CUDA_ERROR_HARDWARE_STACK_ERROR
+        715,  # CUDA_ERROR_ILLEGAL_INSTRUCTION
+        716,  # CUDA_ERROR_MISALIGNED_ADDRESS
+        717,  # CUDA_ERROR_INVALID_ADDRESS_SPACE
+        718,  # CUDA_ERROR_INVALID_PC
+        719,  # CUDA_ERROR_LAUNCH_FAILED
+        214,  # CUDA_ERROR_ECC_UNCORRECTABLE
+        220,  # CUDA_ERROR_NVLINK_UNCORRECTABLE
+    }
+)
+
+
+class AiocudasemError(Exception):
+    """Base class of the library's errors.
+
+    ``status`` is the driver's status code where a driver reported the failure, else ``None``.
+    """
+
+    status: int | None
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class CudaError(AiocudasemError):
+    """A CUDA driver call failed. ``status`` is the ``CUresult``; ``name`` its symbolic name."""
+
+    status: int
+
+    def __init__(self, message: str, status: int, name: str = "") -> None:
+        super().__init__(message, status)
+        self.name = name
+
+
+class DeviceFaultError(CudaError):
+    """The device context hit a sticky error (a trapped kernel, an illegal address, ...).
+
+    Raised to every coroutine awaiting work on the faulted device, and by every later call on it.
+    The context cannot be recovered inside this process; GPU work that was enqueued is lost.
+    """
+
+
+class DriverUnavailableError(AiocudasemError):
+    """The requested driver cannot run here: no CUDA driver library, no device, or a
+    ``cuda-bindings`` without ``cuda.bindings._v2.driver``. The message says how to pick the
+    simulated device instead."""
+
+
+class DeviceMismatchError(AiocudasemError, ValueError):
+    """Objects from two different devices (or drivers) were combined in one operation, for
+    example a semaphore imported on device 0 waited on by a stream of device 1."""
+
+
+class UnsupportedHandleTypeError(AiocudasemError):
+    """The external semaphore handle type is part of the API but this platform or driver cannot
+    provide it (Win32 and D3D handles off Windows, NvSciSync off Tegra/DRIVE)."""
+
+
+class VulkanError(AiocudasemError):
+    """A Vulkan call failed. ``status`` is the ``VkResult``; ``name`` its symbolic name."""
+
+    status: int
+
+    def __init__(self, message: str, status: int, name: str = "") -> None:
+        super().__init__(message, status)
+        self.name = name
+
+
+class VulkanUnavailableError(AiocudasemError):
+    """No Vulkan loader (``libvulkan.so.1``), no Vulkan device, or no device with the needed
+    extensions or with the UUID of the requested CUDA device."""

@@ -1,0 +1,402 @@
+"""Waiting for a point in a stream without blocking the event loop.
+
+A *point* is an event recorded on a work stream. Awaiting it goes through up to two phases:
+
+1. **Spin** (short and adaptive): query the event between checkpoints. Only streams whose recent
+   waits were short spin, for at most ``Tuning.spin_limit`` seconds, and only ``max_spinners``
+   coroutines at a time, so long waits and crowds of waiters cost no CPU.
+2. **Park**: arm the C host function. It runs on a *side stream* that waits for the event, so
+   the work stream never stalls on a host function. The host function appends a token to the C
+   queue and wakes the loop's one fd. One of the parked coroutines, the *drainer*, waits on the
+   fd and wakes the others; when it leaves (done or cancelled) it hands the role to another.
+
+The drainer also runs the watchdog: CUDA never calls a host function after a context error, so
+every ``watchdog`` seconds it asks the driver whether the devices it waits on have faulted, and
+fails their points with :class:`DeviceFaultError`.
+
+There is one :class:`Notifier` per event-loop run (an anyio ``RunVar``), with one fd.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Final
+
+import anyio
+import anyio.lowlevel
+
+from . import _notify
+from ._errors import AiocudasemError, DeviceFaultError
+
+if TYPE_CHECKING:
+    from ._driver import Driver
+
+__all__ = ("Point", "Tuning", "configure", "current_notifier", "event_pool", "side_streams")
+
+
+@dataclass(frozen=True, slots=True)
+class Tuning:
+    """Knobs of the wait strategy. Change them with :func:`aiocudasem.configure`."""
+
+    #: Longest a coroutine spins (queries between checkpoints) before parking, in seconds.
+    #: Streams whose recent waits took longer than this never spin. 0 disables spinning.
+    spin_limit: float = 250e-6
+    #: At most this many coroutines per event loop spin at once; the rest park at once.
+    max_spinners: int = 8
+    #: How often a parked drainer checks the devices it waits on for a sticky error, in seconds.
+    watchdog: float = 0.05
+
+
+_tuning = Tuning()
+
+
+def configure(
+    *,
+    spin_limit: float | None = None,
+    max_spinners: int | None = None,
+    watchdog: float | None = None,
+) -> Tuning:
+    """Change the wait strategy for the whole process and return the new settings.
+
+    Unset arguments keep their value. Raises ``ValueError`` for a negative ``spin_limit``, a
+    ``max_spinners`` below 0 or a ``watchdog`` that is not positive.
+    """
+    global _tuning
+    new = _tuning
+    if spin_limit is not None:
+        if not spin_limit >= 0:
+            raise ValueError("spin_limit must be >= 0 seconds")
+        new = replace(new, spin_limit=float(spin_limit))
+    if max_spinners is not None:
+        if not isinstance(max_spinners, int) or max_spinners < 0:
+            raise ValueError("max_spinners must be an int >= 0")
+        new = replace(new, max_spinners=max_spinners)
+    if watchdog is not None:
+        if not watchdog > 0:
+            raise ValueError("watchdog must be > 0 seconds")
+        new = replace(new, watchdog=float(watchdog))
+    _tuning = new
+    return new
+
+
+class _EventPool:
+    """Reusable timing-free events per (driver, device). Re-recording an event is always
+    allowed by CUDA, and cuStreamWaitEvent captures the state at call time, so an event can go
+    back to the pool as soon as no waiter will query it again."""
+
+    _LIMIT: Final = 4096
+
+    def __init__(self) -> None:
+        self._free: dict[tuple[int, int], list[int]] = {}
+
+    def take(self, driver: Driver, device: int) -> int:
+        free = self._free.get((id(driver), device))
+        if free:
+            try:
+                return free.pop()
+            except IndexError:  # another thread took the last one
+                pass
+        return driver.event_create(device)
+
+    def give(self, driver: Driver, device: int, event: int) -> None:
+        free = self._free.setdefault((id(driver), device), [])
+        if len(free) < self._LIMIT:
+            free.append(event)
+        else:
+            driver.event_destroy(event)
+
+
+class _SideStreams:
+    """One side stream per work stream, shared by every loop of the process. A side stream
+    carries only event waits and host functions, so a slow host function never delays the
+    work stream, and waits on different work streams never queue behind each other."""
+
+    _LIMIT: Final = 1024
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._streams: OrderedDict[tuple[int, int], tuple[Driver, int]] = OrderedDict()
+
+    def get(self, driver: Driver, device: int, work: int) -> int:
+        key = (id(driver), work)
+        with self._lock:
+            entry = self._streams.get(key)
+            if entry is not None:
+                self._streams.move_to_end(key)
+                return entry[1]
+        side = driver.stream_create(device, True, 0)
+        with self._lock:
+            entry = self._streams.get(key)
+            if entry is not None:  # lost a race with another thread
+                evicted: tuple[Driver, int] | None = (driver, side)
+                side = entry[1]
+            else:
+                self._streams[key] = (driver, side)
+                evicted = None
+                if len(self._streams) > self._LIMIT:
+                    evicted = self._streams.popitem(last=False)[1]
+        if evicted is not None:
+            # Destroying returns at once; queued host functions still run.
+            evicted[0].stream_destroy(evicted[1])
+        return side
+
+    def drop(self, driver: Driver, work: int) -> None:
+        with self._lock:
+            entry = self._streams.pop((id(driver), work), None)
+        if entry is not None:
+            entry[0].stream_destroy(entry[1])
+
+
+event_pool = _EventPool()
+side_streams = _SideStreams()
+
+
+class Point:
+    """A recorded event that coroutines wait for. ``pooled`` events go back to the pool once
+    nobody can query them any more."""
+
+    __slots__ = (
+        "device",
+        "driver",
+        "error",
+        "event",
+        "pooled",
+        "sleepers",
+        "started",
+        "stream",
+        "token",
+        "waiting",
+        "done",
+    )
+
+    def __init__(self, driver: Driver, device: int, stream: int, event: int, pooled: bool) -> None:
+        self.driver = driver
+        self.device = device
+        self.stream = stream
+        self.event = event
+        self.pooled = pooled
+        self.done = False
+        self.error: AiocudasemError | None = None
+        self.token = 0  # non-zero once the host function is armed
+        self.sleepers: list[anyio.Event] = []
+        self.waiting = 0  # coroutines inside wait()
+        self.started = time.perf_counter()
+
+    def _finish(self, error: AiocudasemError | None) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.error = error
+        for s in self.sleepers:
+            s.set()
+        self.sleepers.clear()
+        if self.pooled:
+            self.pooled = False
+            event_pool.give(self.driver, self.device, self.event)
+
+    def _raise_if_failed(self) -> None:
+        err = self.error
+        if err is not None:
+            # A fresh exception per waiter, so tracebacks of different tasks don't pile up.
+            if isinstance(err, DeviceFaultError):
+                raise DeviceFaultError(str(err), err.status, err.name)
+            raise type(err)(str(err), err.status)
+
+
+class Notifier:
+    """The per-loop half of the notifier: the C queue and fd, the armed points, the drainer."""
+
+    def __init__(self) -> None:
+        self._c = _notify.Notifier()
+        self._fd = self._c.fileno()
+        self._tokens = itertools.count(1)
+        self._armed: dict[int, Point] = {}
+        self._parked: dict[anyio.Event, None] = {}  # sleeping coroutines, oldest first
+        self._drainer = False
+        self._spinners = 0
+        self._recent: dict[tuple[int, int], float] = {}  # (driver, stream) -> recent wait time
+
+    def stats(self) -> dict[str, int]:
+        """Counters for tests and the benchmarks."""
+        out = self._c.stats()
+        out["armed"] = len(self._armed)
+        out["parked"] = len(self._parked)
+        return out
+
+    def fileno(self) -> int:
+        return self._fd
+
+    # ------------------------------------------------------------------ waiting
+
+    async def wait(self, point: Point) -> None:
+        """Wait until ``point`` completes. Always a checkpoint. Raises what the point failed
+        with (``DeviceFaultError`` after a device fault). Cancellation abandons the wait
+        only: the point stays armed and other waiters keep their wake-ups."""
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        point.waiting += 1
+        try:
+            scheduled = False
+            if not point.done and not point.token:
+                scheduled = await self._spin(point)
+            if not point.done:
+                self._arm(point)
+            if not point.done:
+                await self._park(point)
+            elif not scheduled:
+                await anyio.lowlevel.cancel_shielded_checkpoint()
+        finally:
+            point.waiting -= 1
+            if not point.done and point.waiting == 0 and not point.token and point.pooled:
+                # Abandoned before arming: nobody will query this event again.
+                point.pooled = False
+                event_pool.give(point.driver, point.device, point.event)
+        point._raise_if_failed()
+
+    def _query(self, point: Point) -> bool:
+        try:
+            ready = point.driver.event_query(point.event)
+        except AiocudasemError as exc:
+            point._finish(exc)
+            return True
+        if ready:
+            self._learn(point)
+            point._finish(None)
+        return ready
+
+    def _learn(self, point: Point) -> None:
+        key = (id(point.driver), point.stream)
+        took = time.perf_counter() - point.started
+        old = self._recent.get(key)
+        self._recent[key] = took if old is None else 0.75 * old + 0.25 * took
+        if len(self._recent) > 4096:
+            self._recent.clear()
+
+    async def _spin(self, point: Point) -> bool:
+        """Query the point, then spin if this stream's waits tend to be short. Returns whether
+        it passed a schedule point."""
+        tuning = _tuning
+        if self._query(point):
+            return False
+        recent = self._recent.get((id(point.driver), point.stream))
+        if recent is None:
+            window = tuning.spin_limit
+        elif recent > tuning.spin_limit:
+            return False
+        else:
+            window = min(tuning.spin_limit, 2.0 * recent + 20e-6)
+        if window <= 0 or self._spinners >= tuning.max_spinners:
+            return False
+        deadline = point.started + window
+        self._spinners += 1
+        try:
+            while True:
+                await anyio.lowlevel.checkpoint()
+                if point.done or self._query(point) or time.perf_counter() >= deadline:
+                    return True
+        finally:
+            self._spinners -= 1
+
+    def _arm(self, point: Point) -> None:
+        if point.token:
+            return
+        drv = point.driver
+        side = side_streams.get(drv, point.device, point.stream)
+        token = next(self._tokens)
+        user = self._c.arm(token)
+        try:
+            drv.stream_wait_event(side, point.event)
+            drv.launch_host_func(side, _notify.HOST_FN, user)
+        except AiocudasemError as exc:
+            self._c.disarm(user)
+            point._finish(exc)
+            return
+        except BaseException:
+            self._c.disarm(user)
+            raise
+        point.token = token
+        self._armed[token] = point
+
+    async def _park(self, point: Point) -> None:
+        sleeper = anyio.Event()
+        point.sleepers.append(sleeper)
+        self._parked[sleeper] = None
+        try:
+            while not point.done:
+                if not self._drainer:
+                    self._drainer = True
+                    try:
+                        await self._drain_once()
+                    finally:
+                        self._drainer = False
+                elif sleeper.is_set():
+                    # Woken to take over the drainer role, or spuriously: sleep again.
+                    del self._parked[sleeper]
+                    point.sleepers.remove(sleeper)
+                    sleeper = anyio.Event()
+                    point.sleepers.append(sleeper)
+                    self._parked[sleeper] = None
+                else:
+                    await sleeper.wait()
+        finally:
+            self._parked.pop(sleeper, None)
+            if sleeper in point.sleepers:
+                point.sleepers.remove(sleeper)
+            if not self._drainer:
+                self._hand_off()
+
+    def _hand_off(self) -> None:
+        """Wake one parked coroutine so that it becomes the drainer."""
+        for s in self._parked:
+            if not s.is_set():
+                s.set()
+                return
+
+    async def _drain_once(self) -> None:
+        with anyio.move_on_after(_tuning.watchdog) as scope:
+            await anyio.wait_readable(self._fd)
+        self._complete(self._c.drain())
+        if scope.cancelled_caught:
+            self._watchdog()
+
+    def _complete(self, tokens: list[int]) -> None:
+        armed = self._armed
+        for token in tokens:
+            point = armed.pop(token, None)
+            if point is not None:
+                self._learn(point)
+                point._finish(None)
+
+    def _watchdog(self) -> None:
+        checked: dict[tuple[int, int], AiocudasemError | None] = {}
+        for token, point in list(self._armed.items()):
+            key = (id(point.driver), point.device)
+            if key not in checked:
+                try:
+                    point.driver.check_health(point.device)
+                    checked[key] = None
+                except AiocudasemError as exc:
+                    checked[key] = exc
+            err = checked[key]
+            if err is not None:
+                # The host function will never run: drop the point. Its C node is leaked on
+                # purpose (see _notify.c), and so is its event.
+                del self._armed[token]
+                point.pooled = False
+                point._finish(err)
+
+
+_NOTIFIER: anyio.lowlevel.RunVar[Notifier] = anyio.lowlevel.RunVar("aiocudasem_notifier")
+
+
+def current_notifier() -> Notifier:
+    """The notifier of the running event loop, created on first use."""
+    try:
+        return _NOTIFIER.get()
+    except LookupError:
+        n = Notifier()
+        _NOTIFIER.set(n)
+        return n

@@ -1,0 +1,348 @@
+/*
+ * The completion notifier: a host function that CUDA (or the simulated device) calls from its
+ * own thread, plus the queue and the fd it reports through.
+ *
+ * The host function never takes the GIL and never calls CUDA. It appends the armed node to a
+ * queue owned by C, and writes the wake-up fd only when the queue goes from "reported" to
+ * "unreported", so a burst of completions costs one write and one loop wake-up.
+ *
+ * Lifetime: a state lives until it is closed AND no armed host function is outstanding. The
+ * host function decrements `pending` only after its last touch of the fd, so close() never
+ * closes an fd that a host function is about to write (the fd number could be reused). If a
+ * host function is never called (a device fault), the state and its fd are leaked on purpose:
+ * a leak is better than a write through a dangling pointer.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/eventfd.h>
+#endif
+
+typedef struct state state_t;
+
+typedef struct node {
+    struct node *next;
+    state_t *st;
+    uint64_t token;
+} node_t;
+
+struct state {
+    pthread_mutex_t lock;
+    node_t *head;
+    node_t *tail;
+    uint64_t pending;  /* armed, not yet returned from the host function */
+    uint64_t wakeups;  /* writes to the fd, for tests and statistics */
+    uint64_t fired;    /* host functions called */
+    int reported;      /* the fd holds a wake-up that drain() has not consumed yet */
+    int closed;
+    int rfd;
+    int wfd;           /* == rfd for an eventfd */
+};
+
+static void free_list(node_t *n) {
+    while (n) {
+        node_t *next = n->next;
+        free(n);
+        n = next;
+    }
+}
+
+static void state_destroy(state_t *st) {
+    free_list(st->head);
+    close(st->rfd);
+    if (st->wfd != st->rfd) close(st->wfd);
+    pthread_mutex_destroy(&st->lock);
+    free(st);
+}
+
+static void wake_fd(int fd) {
+#ifdef __linux__
+    uint64_t one = 1;
+    while (write(fd, &one, sizeof one) < 0 && errno == EINTR) {
+    }
+#else
+    char one = 1;
+    /* EAGAIN: the pipe is full, so a wake-up is already pending. */
+    while (write(fd, &one, 1) < 0 && errno == EINTR) {
+    }
+#endif
+}
+
+static void drain_fd(int fd) {
+#ifdef __linux__
+    uint64_t v;
+    while (read(fd, &v, sizeof v) < 0 && errno == EINTR) {
+    }
+#else
+    char buf[64];
+    for (;;) {
+        ssize_t r = read(fd, buf, sizeof buf);
+        if (r > 0) continue;
+        if (r < 0 && errno == EINTR) continue;
+        break;
+    }
+#endif
+}
+
+/* The CUhostFn. Called on the driver's (or the simulator's) thread, without the GIL. */
+static void host_fn(void *user_data) {
+    node_t *n = (node_t *)user_data;
+    state_t *st = n->st;
+    int wake = 0;
+    int destroy;
+
+    pthread_mutex_lock(&st->lock);
+    st->fired++;
+    if (st->closed) {
+        free(n);
+    } else {
+        n->next = NULL;
+        if (st->tail) st->tail->next = n; else st->head = n;
+        st->tail = n;
+        if (!st->reported) {
+            st->reported = 1;
+            st->wakeups++;
+            wake = 1;
+        }
+    }
+    pthread_mutex_unlock(&st->lock);
+
+    if (wake) wake_fd(st->wfd);
+
+    pthread_mutex_lock(&st->lock);
+    st->pending--;
+    destroy = st->closed && st->pending == 0;
+    pthread_mutex_unlock(&st->lock);
+    if (destroy) state_destroy(st);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    state_t *st;
+} NotifierObject;
+
+static int make_fds(int *rfd, int *wfd) {
+#ifdef __linux__
+    int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (fd < 0) return -1;
+    *rfd = *wfd = fd;
+    return 0;
+#else
+    int p[2];
+    if (pipe(p) < 0) return -1;
+    for (int i = 0; i < 2; i++) {
+        fcntl(p[i], F_SETFL, fcntl(p[i], F_GETFL) | O_NONBLOCK);
+        fcntl(p[i], F_SETFD, FD_CLOEXEC);
+    }
+    *rfd = p[0];
+    *wfd = p[1];
+    return 0;
+#endif
+}
+
+static PyObject *Notifier_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, ":Notifier", kwlist)) return NULL;
+    NotifierObject *self = (NotifierObject *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    state_t *st = calloc(1, sizeof *st);
+    if (!st) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    if (make_fds(&st->rfd, &st->wfd) < 0) {
+        free(st);
+        Py_DECREF(self);
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    pthread_mutex_init(&st->lock, NULL);
+    self->st = st;
+    return (PyObject *)self;
+}
+
+static void notifier_close(NotifierObject *self) {
+    state_t *st = self->st;
+    if (!st) return;
+    self->st = NULL;
+    pthread_mutex_lock(&st->lock);
+    st->closed = 1;
+    node_t *queued = st->head;
+    st->head = st->tail = NULL;
+    int destroy = st->pending == 0;
+    pthread_mutex_unlock(&st->lock);
+    free_list(queued);
+    if (destroy) state_destroy(st);
+}
+
+static void Notifier_dealloc(NotifierObject *self) {
+    notifier_close(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static state_t *open_state(NotifierObject *self) {
+    if (!self->st) PyErr_SetString(PyExc_ValueError, "the notifier is closed");
+    return self->st;
+}
+
+static PyObject *Notifier_arm(NotifierObject *self, PyObject *arg) {
+    state_t *st = open_state(self);
+    if (!st) return NULL;
+    unsigned long long token = PyLong_AsUnsignedLongLong(arg);
+    if (token == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    node_t *n = malloc(sizeof *n);
+    if (!n) return PyErr_NoMemory();
+    n->next = NULL;
+    n->st = st;
+    n->token = token;
+    pthread_mutex_lock(&st->lock);
+    st->pending++;
+    pthread_mutex_unlock(&st->lock);
+    return PyLong_FromVoidPtr(n);
+}
+
+static PyObject *Notifier_disarm(NotifierObject *self, PyObject *arg) {
+    /* Undo arm() after the driver refused the launch: the host function will never run. */
+    state_t *st = open_state(self);
+    if (!st) return NULL;
+    node_t *n = (node_t *)PyLong_AsVoidPtr(arg);
+    if (!n && PyErr_Occurred()) return NULL;
+    if (!n || n->st != st) {
+        PyErr_SetString(PyExc_ValueError, "not a node armed by this notifier");
+        return NULL;
+    }
+    free(n);
+    pthread_mutex_lock(&st->lock);
+    st->pending--;
+    pthread_mutex_unlock(&st->lock);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Notifier_drain(NotifierObject *self, PyObject *Py_UNUSED(ignored)) {
+    state_t *st = open_state(self);
+    if (!st) return NULL;
+    /* Consume the fd before taking the queue: a completion queued after the read either lands
+     * in the queue we take, or finds reported == 0 and writes the fd again. */
+    drain_fd(st->rfd);
+    pthread_mutex_lock(&st->lock);
+    node_t *n = st->head;
+    st->head = st->tail = NULL;
+    st->reported = 0;
+    pthread_mutex_unlock(&st->lock);
+
+    Py_ssize_t count = 0;
+    for (node_t *m = n; m; m = m->next) count++;
+    PyObject *out = PyList_New(count);
+    if (!out) {
+        /* Put the nodes back rather than lose completions. */
+        pthread_mutex_lock(&st->lock);
+        if (n) {
+            node_t *last = n;
+            while (last->next) last = last->next;
+            last->next = st->head;
+            st->head = n;
+            if (!st->tail) st->tail = last;
+        }
+        pthread_mutex_unlock(&st->lock);
+        return NULL;
+    }
+    Py_ssize_t i = 0;
+    while (n) {
+        node_t *next = n->next;
+        PyObject *tok = PyLong_FromUnsignedLongLong(n->token);
+        if (!tok) {
+            Py_DECREF(out);
+            free_list(n);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i++, tok);
+        free(n);
+        n = next;
+    }
+    return out;
+}
+
+static PyObject *Notifier_fileno(NotifierObject *self, PyObject *Py_UNUSED(ignored)) {
+    state_t *st = open_state(self);
+    if (!st) return NULL;
+    return PyLong_FromLong(st->rfd);
+}
+
+static PyObject *Notifier_close(NotifierObject *self, PyObject *Py_UNUSED(ignored)) {
+    notifier_close(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Notifier_stats(NotifierObject *self, PyObject *Py_UNUSED(ignored)) {
+    state_t *st = open_state(self);
+    if (!st) return NULL;
+    pthread_mutex_lock(&st->lock);
+    unsigned long long pending = st->pending, wakeups = st->wakeups, fired = st->fired;
+    pthread_mutex_unlock(&st->lock);
+    return Py_BuildValue("{s:K,s:K,s:K}", "pending", pending, "wakeups", wakeups, "fired", fired);
+}
+
+static PyObject *Notifier_get_closed(NotifierObject *self, void *Py_UNUSED(closure)) {
+    return PyBool_FromLong(self->st == NULL);
+}
+
+static PyMethodDef Notifier_methods[] = {
+    {"arm", (PyCFunction)Notifier_arm, METH_O,
+     "arm(token) -> int: allocate the host function's user data for one completion."},
+    {"disarm", (PyCFunction)Notifier_disarm, METH_O,
+     "disarm(user_data): release user data whose host function was never enqueued."},
+    {"drain", (PyCFunction)Notifier_drain, METH_NOARGS,
+     "drain() -> list[int]: consume the wake-up and return the completed tokens, oldest first."},
+    {"fileno", (PyCFunction)Notifier_fileno, METH_NOARGS, "fileno() -> int: the wake-up fd."},
+    {"close", (PyCFunction)Notifier_close, METH_NOARGS,
+     "close(): idempotent; the C state is freed once no host function is outstanding."},
+    {"stats", (PyCFunction)Notifier_stats, METH_NOARGS,
+     "stats() -> dict: pending, wakeups and fired counters."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Notifier_getset[] = {
+    {"closed", (getter)Notifier_get_closed, NULL, "True after close().", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject NotifierType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aiocudasem._notify.Notifier",
+    .tp_basicsize = sizeof(NotifierObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A completion queue with one wake-up fd, filled by a GIL-free host function.",
+    .tp_new = Notifier_new,
+    .tp_dealloc = (destructor)Notifier_dealloc,
+    .tp_methods = Notifier_methods,
+    .tp_getset = Notifier_getset,
+};
+
+static struct PyModuleDef notify_module = {
+    PyModuleDef_HEAD_INIT, "aiocudasem._notify",
+    "GIL-free CUDA host function and completion queue.", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__notify(void) {
+    if (PyType_Ready(&NotifierType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&notify_module);
+    if (!m) return NULL;
+    Py_INCREF(&NotifierType);
+    if (PyModule_AddObject(m, "Notifier", (PyObject *)&NotifierType) < 0) {
+        Py_DECREF(&NotifierType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddObject(m, "HOST_FN", PyLong_FromVoidPtr((void *)host_fn)) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

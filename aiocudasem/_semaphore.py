@@ -1,0 +1,471 @@
+"""External semaphores: import, the GPU-side wait and signal entries, and host-side awaits."""
+
+from __future__ import annotations
+
+import enum
+import os
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+import ctypes
+
+import anyio
+
+from ._driver import Driver, SemaphoreDesc, SemOp, get_driver
+from ._errors import AiocudasemError, CudaError, UnsupportedHandleTypeError
+from ._notifier import Point, current_notifier, event_pool
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from typing_extensions import Self
+
+__all__ = (
+    "ExternalSemaphore",
+    "HandleType",
+    "Signal",
+    "Wait",
+    "import_semaphore",
+    "resolve_driver",
+)
+
+_U64: Final = 1 << 64
+_U32: Final = 1 << 32
+_INFINITE: Final = 0xFFFFFFFF  # Windows' INFINITE, the keyed mutex's "never time out"
+_WAIT_SKIP_NVSCIBUF_MEMSYNC: Final = 0x2
+_SIGNAL_SKIP_NVSCIBUF_MEMSYNC: Final = 0x1
+_NOT_SUPPORTED: Final = 801
+
+
+class HandleType(enum.IntEnum):
+    """``CUexternalSemaphoreHandleType``. The values are the driver's."""
+
+    OPAQUE_FD = 1
+    OPAQUE_WIN32 = 2
+    OPAQUE_WIN32_KMT = 3
+    D3D12_FENCE = 4
+    D3D11_FENCE = 5
+    NVSCISYNC = 6
+    D3D11_KEYED_MUTEX = 7
+    D3D11_KEYED_MUTEX_KMT = 8
+    TIMELINE_SEMAPHORE_FD = 9
+    TIMELINE_SEMAPHORE_WIN32 = 10
+
+
+_FD_TYPES: Final = frozenset({HandleType.OPAQUE_FD, HandleType.TIMELINE_SEMAPHORE_FD})
+_WINDOWS_TYPES: Final = frozenset(HandleType) - _FD_TYPES - {HandleType.NVSCISYNC}
+# Types that may be opened by name instead of by handle (the KMT ones may not).
+_NAMED_TYPES: Final = frozenset(
+    {
+        HandleType.OPAQUE_WIN32,
+        HandleType.D3D12_FENCE,
+        HandleType.D3D11_FENCE,
+        HandleType.D3D11_KEYED_MUTEX,
+        HandleType.TIMELINE_SEMAPHORE_WIN32,
+    }
+)
+# Fence semantics: a wait completes at value >= N, a signal sets the value.
+_FENCE_TYPES: Final = frozenset(
+    {
+        HandleType.TIMELINE_SEMAPHORE_FD,
+        HandleType.TIMELINE_SEMAPHORE_WIN32,
+        HandleType.D3D12_FENCE,
+        HandleType.D3D11_FENCE,
+    }
+)
+_KEYED_MUTEX_TYPES: Final = frozenset(
+    {HandleType.D3D11_KEYED_MUTEX, HandleType.D3D11_KEYED_MUTEX_KMT}
+)
+
+
+def resolve_driver(driver: Driver | str | None) -> Driver:
+    """``None`` or a name through :func:`get_driver`; a driver object as it is."""
+    if driver is None or isinstance(driver, str):
+        return get_driver(driver)
+    if not isinstance(driver, Driver):
+        raise TypeError(f"driver must be 'cuda', 'sim', None or a driver object, not {driver!r}")
+    return driver
+
+
+def check_uint(name: str, value: object, bound: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not 0 <= value < bound:
+        raise ValueError(f"{name} must be in [0, 2**{bound.bit_length() - 1}), got {value}")
+    return value
+
+
+def _platform_check(handle_type: HandleType) -> None:
+    if handle_type in _WINDOWS_TYPES and sys.platform != "win32":
+        raise UnsupportedHandleTypeError(
+            f"{handle_type.name} handles exist only on Windows; on {sys.platform} import an "
+            "fd with HandleType.TIMELINE_SEMAPHORE_FD or HandleType.OPAQUE_FD"
+        )
+
+
+class ExternalSemaphore:
+    """A semaphore created outside CUDA (Vulkan, D3D, NvSciSync, another process) and imported
+    into a device. Get one from :func:`import_semaphore`; there is no public constructor.
+
+    Use it in :class:`Wait` and :class:`Signal` entries on a stream, or await it from the host
+    with :meth:`wait_value` / :meth:`wait_signaled`. Release it with ``aclose()`` or
+    ``async with``; a forgotten one is destroyed when collected, with a ``ResourceWarning``.
+    """
+
+    __slots__ = ("__weakref__", "_device", "_driver", "_finalizer", "_handle", "_type")
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("use aiocudasem.import_semaphore() to import an external semaphore")
+
+    @classmethod
+    def _create(cls, driver: Driver, device: int, handle: int, handle_type: HandleType) -> Self:
+        self = object.__new__(cls)
+        self._driver = driver
+        self._device = device
+        self._handle = handle
+        self._type = handle_type
+        self._finalizer = weakref.finalize(self, _release_semaphore, driver, handle, True)
+        return self
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"handle={self._handle:#x}"
+        return f"<ExternalSemaphore {self._type.name} device={self._device} {state}>"
+
+    @property
+    def handle_type(self) -> HandleType:
+        return self._type
+
+    @property
+    def device(self) -> int:
+        """The ordinal of the device the semaphore was imported into."""
+        return self._device
+
+    @property
+    def driver(self) -> Driver:
+        return self._driver
+
+    @property
+    def is_timeline(self) -> bool:
+        """True for fence-like semaphores (a wait completes at value >= N), False for binary
+        ones (one wait per signal), keyed mutexes and NvSciSync objects."""
+        return self._type in _FENCE_TYPES
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    @property
+    def handle(self) -> int:
+        """The driver's ``CUexternalSemaphore``. Raises ``ClosedResourceError`` once closed."""
+        if not self._finalizer.alive:
+            raise anyio.ClosedResourceError("the external semaphore is closed")
+        return self._handle
+
+    async def aclose(self) -> None:
+        """Destroy the imported semaphore. Idempotent; not a checkpoint when already closed.
+
+        Waits and signals already enqueued must have completed: CUDA requires it. The
+        semaphore's underlying object (the Vulkan one, say) is not affected.
+        """
+        if self._finalizer.alive:
+            self._finalizer.detach()
+            _release_semaphore(self._driver, self._handle, False)
+        await anyio.lowlevel.checkpoint()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -------------------------------------------------------------- host-side awaits
+
+    async def wait_value(self, value: int) -> None:
+        """Wait, from the host, until a timeline (fence) semaphore reaches ``value``.
+
+        No thread blocks and nothing polls: the wait is enqueued on a private stream of the
+        device, and the notifier reports when that stream passes it. If cancelled, the GPU
+        wait stays enqueued on a private stream that is then abandoned; nothing else is held.
+        Raises ``TypeError`` for a non-timeline semaphore and ``ValueError`` outside uint64.
+        """
+        if not self.is_timeline:
+            raise TypeError(
+                f"wait_value() needs a timeline semaphore; this one is {self._type.name}: "
+                "use wait_signaled() for a binary semaphore"
+            )
+        await _host_wait([Wait(self, value)])
+
+    async def wait_signaled(self) -> None:
+        """Wait, from the host, until a binary (OPAQUE_FD/Win32) semaphore is signalled, and
+        consume that signal, as a GPU wait does.
+
+        Cancellation cannot take back the enqueued GPU wait: it will still consume the next
+        signal. Raises ``TypeError`` for a timeline semaphore.
+        """
+        if self.is_timeline or self._type in _KEYED_MUTEX_TYPES:
+            raise TypeError(
+                f"wait_signaled() needs a binary semaphore; this one is {self._type.name}: "
+                "use wait_value(n) for a timeline semaphore"
+            )
+        await _host_wait([Wait(self)])
+
+
+def _release_semaphore(driver: Driver, handle: int, collected: bool) -> None:
+    if collected:
+        import warnings
+
+        warnings.warn(
+            "an ExternalSemaphore was collected without aclose(); it was destroyed now",
+            ResourceWarning,
+            stacklevel=1,
+        )
+    try:
+        driver.destroy_semaphore(handle)
+    except AiocudasemError as exc:
+        if collected:
+            import warnings
+
+            warnings.warn(f"destroying an external semaphore failed: {exc}", RuntimeWarning)
+        else:
+            raise
+
+
+def import_semaphore(
+    handle_type: HandleType | int,
+    handle: int | None = None,
+    *,
+    name: str | None = None,
+    device: int = 0,
+    driver: Driver | str | None = None,
+) -> ExternalSemaphore:
+    """Import an external semaphore into ``device``. Synchronous and non-blocking.
+
+    ``handle`` is the fd for ``TIMELINE_SEMAPHORE_FD`` and ``OPAQUE_FD``, the Win32 ``HANDLE``
+    for the Win32 and D3D types, and the ``NvSciSyncObj`` address for ``NVSCISYNC``. Win32
+    types that allow it may be opened by ``name`` instead.
+
+    **fd ownership.** On success the driver owns the fd: do not use or close it again. On
+    failure the fd is still yours, open and unchanged.
+
+    Raises ``TypeError``/``ValueError`` for bad arguments (a closed fd among them),
+    :class:`UnsupportedHandleTypeError` where the platform cannot provide the type,
+    :class:`CudaError` if the driver rejects the handle, and :class:`DriverUnavailableError`
+    if the driver cannot run.
+    """
+    try:
+        kind = HandleType(handle_type)
+    except ValueError:
+        raise ValueError(
+            f"unknown handle type {handle_type!r}: use a member of aiocudasem.HandleType"
+        ) from None
+    if isinstance(handle_type, bool):
+        raise TypeError("handle_type must be a HandleType")
+    if not isinstance(device, int) or isinstance(device, bool) or device < 0:
+        raise ValueError(f"device must be an ordinal >= 0, not {device!r}")
+    name_buf: ctypes.Array[ctypes.c_wchar] | None = None
+    if kind in _FD_TYPES:
+        if name is not None:
+            raise ValueError(f"{kind.name} takes an fd, not a name")
+        fd = check_uint("fd", handle, 1 << 31)
+        try:
+            os.fstat(fd)
+        except OSError:
+            raise ValueError(f"fd {fd} is not an open file descriptor") from None
+        desc = SemaphoreDesc(int(kind), fd=fd)
+    elif kind == HandleType.NVSCISYNC:
+        if name is not None:
+            raise ValueError("NVSCISYNC takes an NvSciSyncObj address, not a name")
+        obj = check_uint("handle", handle, _U64)
+        if obj == 0:
+            raise ValueError("NVSCISYNC needs a non-NULL NvSciSyncObj")
+        desc = SemaphoreDesc(int(kind), nvsci_obj=obj)
+    else:
+        _platform_check(kind)
+        if (handle is None) == (name is None):
+            raise ValueError(f"{kind.name} needs exactly one of handle= and name=")
+        if name is not None:
+            if kind not in _NAMED_TYPES:
+                raise ValueError(f"{kind.name} cannot be opened by name; pass handle=")
+            if not isinstance(name, str) or not name:
+                raise TypeError("name must be a non-empty str")
+            name_buf = ctypes.create_unicode_buffer(name)
+            desc = SemaphoreDesc(int(kind), win32_name=ctypes.addressof(name_buf))
+        else:
+            desc = SemaphoreDesc(int(kind), win32_handle=check_uint("handle", handle, _U64))
+    drv = resolve_driver(driver)
+    if device >= drv.device_count():
+        raise ValueError(f"device {device} does not exist: {drv.device_count()} device(s)")
+    try:
+        sem = drv.import_semaphore(device, desc)
+    except CudaError as exc:
+        if exc.status == _NOT_SUPPORTED:
+            raise UnsupportedHandleTypeError(
+                f"the {drv.name} driver cannot import {kind.name} semaphores here: {exc}",
+                exc.status,
+            ) from None
+        raise
+    finally:
+        del name_buf  # the driver copies the name during the call
+    return ExternalSemaphore._create(drv, device, sem, kind)
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """One semaphore wait entry for :meth:`Stream.enqueue_wait` and hand-off sections.
+
+    - timeline/fence semaphores: ``value`` is the value to wait for (uint64);
+    - binary semaphores: leave ``value`` at 0; the wait consumes one signal;
+    - keyed mutexes: ``key`` to acquire with and ``timeout_ms`` (``None`` waits forever);
+    - NvSciSync: ``nvsci_fence`` is the address of an ``NvSciSyncFence``, and
+      ``skip_nvscibuf_memsync`` skips the NvSciBuf memory synchronisation.
+    """
+
+    semaphore: ExternalSemaphore
+    value: int = 0
+    key: int = 0
+    timeout_ms: int | None = None
+    nvsci_fence: int = 0
+    skip_nvscibuf_memsync: bool = False
+
+    def __post_init__(self) -> None:
+        kind = _check_entry(self.semaphore, self.value, self.key, self.nvsci_fence)
+        if self.timeout_ms is not None:
+            if kind not in _KEYED_MUTEX_TYPES:
+                raise ValueError("timeout_ms applies to keyed mutexes only")
+            check_uint("timeout_ms", self.timeout_ms, _INFINITE)
+        _check_skip(kind, self.skip_nvscibuf_memsync)
+
+    def _op(self) -> SemOp:
+        return SemOp(
+            self.semaphore.handle,
+            value=self.value,
+            key=self.key,
+            timeout_ms=_INFINITE if self.timeout_ms is None else self.timeout_ms,
+            nvsci_fence=self.nvsci_fence,
+            flags=_WAIT_SKIP_NVSCIBUF_MEMSYNC if self.skip_nvscibuf_memsync else 0,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """One semaphore signal entry for :meth:`Stream.enqueue_signal` and hand-off sections.
+
+    Timeline/fence semaphores are set to ``value``; binary ones are signalled (leave ``value``
+    at 0); keyed mutexes are released with ``key``; NvSciSync takes ``nvsci_fence``.
+    """
+
+    semaphore: ExternalSemaphore
+    value: int = 0
+    key: int = 0
+    nvsci_fence: int = 0
+    skip_nvscibuf_memsync: bool = False
+
+    def __post_init__(self) -> None:
+        kind = _check_entry(self.semaphore, self.value, self.key, self.nvsci_fence)
+        _check_skip(kind, self.skip_nvscibuf_memsync)
+
+    def _op(self) -> SemOp:
+        return SemOp(
+            self.semaphore.handle,
+            value=self.value,
+            key=self.key,
+            nvsci_fence=self.nvsci_fence,
+            flags=_SIGNAL_SKIP_NVSCIBUF_MEMSYNC if self.skip_nvscibuf_memsync else 0,
+        )
+
+
+def _check_entry(sem: object, value: int, key: int, nvsci_fence: int) -> HandleType:
+    if not isinstance(sem, ExternalSemaphore):
+        raise TypeError(
+            f"expected an ExternalSemaphore, not {type(sem).__name__}: "
+            "import one with aiocudasem.import_semaphore()"
+        )
+    kind = sem.handle_type
+    check_uint("value", value, _U64)
+    check_uint("key", key, _U64)
+    check_uint("nvsci_fence", nvsci_fence, _U64)
+    if value and kind not in _FENCE_TYPES:
+        raise ValueError(f"{kind.name} semaphores take no value; only timelines and fences do")
+    if key and kind not in _KEYED_MUTEX_TYPES:
+        raise ValueError("key applies to keyed mutexes only")
+    if nvsci_fence and kind != HandleType.NVSCISYNC:
+        raise ValueError("nvsci_fence applies to NVSCISYNC semaphores only")
+    return kind
+
+
+def _check_skip(kind: HandleType, skip: bool) -> None:
+    if not isinstance(skip, bool):
+        raise TypeError("skip_nvscibuf_memsync must be a bool")
+    if skip and kind != HandleType.NVSCISYNC:
+        raise ValueError("skip_nvscibuf_memsync applies to NVSCISYNC semaphores only")
+
+
+def check_same_device(entries: tuple[Wait | Signal, ...], driver: Driver, device: int) -> None:
+    from ._errors import DeviceMismatchError
+
+    if not entries:
+        raise ValueError("give at least one Wait or Signal entry")
+    for e in entries:
+        sem = e.semaphore
+        if sem._driver is not driver or sem._device != device:
+            raise DeviceMismatchError(
+                f"{sem!r} belongs to device {sem._device} of the {sem._driver.name} driver, "
+                f"but the stream is on device {device} of the {driver.name} driver"
+            )
+
+
+class _HostWaitStreams:
+    """Private streams for host-side semaphore awaits, reused once a wait has completed.
+    A cancelled wait's stream may stay blocked forever, so it is destroyed, not reused."""
+
+    def __init__(self) -> None:
+        self._free: dict[tuple[int, int], list[int]] = {}
+
+    def take(self, driver: Driver, device: int) -> int:
+        free = self._free.get((id(driver), device))
+        if free:
+            try:
+                return free.pop()
+            except IndexError:
+                pass
+        return driver.stream_create(device, True, 0)
+
+    def give(self, driver: Driver, device: int, stream: int) -> None:
+        free = self._free.setdefault((id(driver), device), [])
+        if len(free) < 64:
+            free.append(stream)
+        else:
+            driver.stream_destroy(stream)
+
+
+_host_streams = _HostWaitStreams()
+
+
+async def _host_wait(entries: list[Wait]) -> None:
+    sem = entries[0].semaphore
+    drv, device = sem._driver, sem._device
+    ops = [e._op() for e in entries]
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    notifier = current_notifier()
+    stream = _host_streams.take(drv, device)
+    done = False
+    try:
+        drv.wait_semaphores(ops, stream)
+        event = event_pool.take(drv, device)
+        drv.event_record(event, stream)
+        await notifier.wait(Point(drv, device, stream, event, pooled=True))
+        done = True
+    finally:
+        if done:
+            _host_streams.give(drv, device, stream)
+        else:
+            try:
+                drv.stream_destroy(stream)
+            except AiocudasemError:
+                pass  # a faulted device: the stream is gone with its context

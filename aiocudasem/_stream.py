@@ -1,0 +1,417 @@
+"""Streams, events and hand-off sections."""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.lowlevel
+
+from ._driver import Driver
+from ._errors import AiocudasemError
+from ._notifier import Point, current_notifier, event_pool, side_streams
+from ._semaphore import Signal, Wait, check_same_device, resolve_driver
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from types import TracebackType
+
+    from typing_extensions import Self
+
+__all__ = ("Event", "HandOff", "Stream", "open_stream", "wait_external_semaphores", "wait_stream")
+
+
+class Stream:
+    """A CUDA stream, owned or borrowed.
+
+    Owned streams come from :func:`open_stream` and are destroyed by ``aclose()`` (or
+    ``async with``). Borrowed streams come from :meth:`Stream.adopt` (a PyTorch, CuPy,
+    cuda.core or Numba stream, or a raw handle) and are never destroyed by us.
+
+    Methods that enqueue work (``enqueue_wait``, ``enqueue_signal``, ``record``) are plain,
+    synchronous and non-blocking. Methods that wait are ``async``, named ``wait_*`` and are
+    always checkpoints.
+    """
+
+    __slots__ = ("__weakref__", "_device", "_driver", "_finalizer", "_handle", "_owned")
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("use aiocudasem.open_stream() or Stream.adopt() to get a Stream")
+
+    @classmethod
+    def _create(cls, driver: Driver, device: int, handle: int, owned: bool) -> Self:
+        self = object.__new__(cls)
+        self._driver = driver
+        self._device = device
+        self._handle = handle
+        self._owned = owned
+        self._finalizer = weakref.finalize(self, _release_stream, driver, handle, owned, True)
+        return self
+
+    @classmethod
+    def adopt(cls, stream: object, *, driver: Driver | str | None = None) -> Stream:
+        """Borrow a foreign stream: an object with ``__cuda_stream__`` (cuda.core, CuPy,
+        PyTorch, Numba, or our own Stream) or a raw ``CUstream`` handle as an int.
+
+        The result never destroys the stream; ``aclose()`` only forgets it. Raises
+        ``TypeError`` for anything else, :class:`CudaError` if the driver rejects the
+        handle, and :class:`DeviceMismatchError` for a stream outside a primary context.
+        """
+        if isinstance(stream, Stream):
+            return stream
+        handle = _stream_handle(stream)
+        drv = resolve_driver(driver)
+        device = drv.stream_device(handle)
+        return cls._create(drv, device, handle, owned=False)
+
+    def __repr__(self) -> str:
+        kind = "owned" if self._owned else "borrowed"
+        state = "closed" if self.closed else f"handle={self._handle:#x}"
+        return f"<Stream {kind} device={self._device} {state} driver={self._driver.name}>"
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """The cuda.core stream protocol: ``(version, handle)``."""
+        return (0, self.handle)
+
+    @property
+    def handle(self) -> int:
+        """The ``CUstream`` handle. Raises ``ClosedResourceError`` once closed."""
+        if not self._finalizer.alive:
+            raise anyio.ClosedResourceError("the stream is closed")
+        return self._handle
+
+    @property
+    def device(self) -> int:
+        return self._device
+
+    @property
+    def driver(self) -> Driver:
+        return self._driver
+
+    @property
+    def owned(self) -> bool:
+        return self._owned
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    # -------------------------------------------------------------- enqueue (sync)
+
+    def query(self) -> bool:
+        """True if all work enqueued so far has completed. Non-blocking."""
+        return self._driver.stream_query(self.handle)
+
+    def record(self) -> Event:
+        """Record an event capturing everything enqueued so far. Non-blocking."""
+        handle = self.handle
+        event = self._driver.event_create(self._device)
+        try:
+            self._driver.event_record(event, handle)
+        except BaseException:
+            self._driver.event_destroy(event)
+            raise
+        return Event._create(self, event)
+
+    def wait_event(self, event: Event) -> None:
+        """Make later work on this stream wait for ``event`` (on the GPU). Non-blocking."""
+        if not isinstance(event, Event):
+            raise TypeError(f"expected an aiocudasem.Event, not {type(event).__name__}")
+        if event._stream._driver is not self._driver:
+            from ._errors import DeviceMismatchError
+
+            raise DeviceMismatchError("the event and the stream belong to different drivers")
+        self._driver.stream_wait_event(self.handle, event.handle)
+
+    def enqueue_wait(self, *waits: Wait) -> None:
+        """Enqueue GPU waits on external semaphores, all in one driver call
+        (``cuWaitExternalSemaphoresAsync``). Later work on the stream runs after them.
+        Non-blocking. Raises ``TypeError`` for a non-:class:`Wait` entry and
+        :class:`DeviceMismatchError` for a semaphore of another device."""
+        self._enqueue(waits, Wait)
+        handle = self.handle
+        self._driver.wait_semaphores([w._op() for w in waits], handle)
+
+    def enqueue_signal(self, *signals: Signal) -> None:
+        """Enqueue signals of external semaphores, all in one driver call
+        (``cuSignalExternalSemaphoresAsync``); they fire when earlier work completes."""
+        self._enqueue(signals, Signal)
+        handle = self.handle
+        self._driver.signal_semaphores([s._op() for s in signals], handle)
+
+    def _enqueue(self, entries: tuple[Any, ...], kind: type) -> None:
+        for e in entries:
+            if not isinstance(e, kind):
+                raise TypeError(
+                    f"expected aiocudasem.{kind.__name__} entries, not {type(e).__name__}"
+                )
+        check_same_device(entries, self._driver, self._device)
+
+    def handoff(self, waits: Wait | Sequence[Wait], signals: Signal | Sequence[Signal]) -> HandOff:
+        """A hand-off section: ``async with stream.handoff(Wait(a, n), Signal(b, n)):``.
+
+        Entering enqueues the waits; the body enqueues GPU work; a normal exit enqueues the
+        signals and waits until the stream has passed them. See :class:`HandOff` for errors
+        and cancellation.
+        """
+        return HandOff(self, _entries(waits, Wait), _entries(signals, Signal))
+
+    # -------------------------------------------------------------- wait (async)
+
+    async def wait_complete(self) -> None:
+        """Wait until all work enqueued so far on this stream has completed.
+
+        A checkpoint. Cancelling abandons the wait only: the GPU work goes on and the stream
+        stays usable. Raises :class:`DeviceFaultError` if the device faults meanwhile.
+        """
+        handle = self.handle
+        drv = self._driver
+        event = event_pool.take(drv, self._device)
+        try:
+            drv.event_record(event, handle)
+        except BaseException:
+            event_pool.give(drv, self._device, event)
+            raise
+        await current_notifier().wait(Point(drv, self._device, handle, event, pooled=True))
+
+    # -------------------------------------------------------------- lifetime
+
+    async def aclose(self) -> None:
+        """Release the stream. Idempotent.
+
+        An owned stream first waits for its enqueued work, then is destroyed; if that wait is
+        cancelled or fails, the stream is destroyed anyway (the driver frees it once its work
+        completes) and the exception propagates. A borrowed stream is only forgotten.
+        """
+        if not self._finalizer.alive:
+            await anyio.lowlevel.checkpoint()
+            return
+        try:
+            if self._owned:
+                await self.wait_complete()
+            else:
+                await anyio.lowlevel.checkpoint()
+        finally:
+            self._close_now()
+
+    def _close_now(self) -> None:
+        if self._finalizer.alive:
+            self._finalizer.detach()
+            _release_stream(self._driver, self._handle, self._owned, False)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Normal exit: ``aclose()``, awaiting the enqueued work. Exit by an exception: the
+        stream is destroyed without waiting (its work still completes on the device)."""
+        if exc_type is None:
+            await self.aclose()
+        else:
+            self._close_now()
+
+
+def _release_stream(driver: Driver, handle: int, owned: bool, collected: bool) -> None:
+    if not owned:
+        return
+    if collected:
+        warnings.warn(
+            "an aiocudasem Stream was collected without aclose(); it was destroyed now",
+            ResourceWarning,
+            stacklevel=1,
+        )
+    try:
+        side_streams.drop(driver, handle)
+        driver.stream_destroy(handle)
+    except AiocudasemError as exc:
+        if not collected:
+            raise
+        warnings.warn(f"destroying a stream failed: {exc}", RuntimeWarning, stacklevel=1)
+
+
+def _stream_handle(obj: object) -> int:
+    proto = getattr(obj, "__cuda_stream__", None)
+    if proto is not None:
+        value = proto() if callable(proto) else proto
+        if (
+            isinstance(value, tuple)
+            and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        ):
+            return value[1]
+        raise TypeError(f"__cuda_stream__ of {type(obj).__name__} returned {value!r}, not a "
+                        "(version, handle) pair of ints")
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        if obj < 0:
+            raise ValueError(f"a stream handle is a non-negative int, not {obj}")
+        return obj
+    raise TypeError(
+        f"cannot use {type(obj).__name__} as a CUDA stream: pass an object with "
+        "__cuda_stream__ (cuda.core, CuPy, PyTorch, Numba) or a raw CUstream handle "
+        "(for example torch.cuda.Stream().cuda_stream or cupy.cuda.Stream().ptr)"
+    )
+
+
+def _entries(value: Any, kind: type) -> tuple[Any, ...]:
+    if isinstance(value, kind):
+        return (value,)
+    if isinstance(value, (list, tuple)):
+        return tuple(value)
+    raise TypeError(f"expected an aiocudasem.{kind.__name__} or a sequence of them")
+
+
+class Event:
+    """A point in a stream: everything enqueued on it before :meth:`Stream.record`.
+
+    Several coroutines can wait for one event; they share one notification. Close it with
+    :meth:`close` or let it be collected.
+    """
+
+    __slots__ = ("__weakref__", "_finalizer", "_handle", "_point", "_stream")
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("use Stream.record() to get an Event")
+
+    @classmethod
+    def _create(cls, stream: Stream, handle: int) -> Self:
+        self = object.__new__(cls)
+        self._stream = stream
+        self._handle = handle
+        self._point = Point(stream._driver, stream._device, stream._handle, handle, pooled=False)
+        self._finalizer = weakref.finalize(self, _release_event, stream._driver, handle)
+        return self
+
+    @property
+    def handle(self) -> int:
+        if not self._finalizer.alive:
+            raise anyio.ClosedResourceError("the event is closed")
+        return self._handle
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def query(self) -> bool:
+        """True if the captured work has completed. Non-blocking."""
+        return self._stream._driver.event_query(self.handle)
+
+    async def wait(self) -> None:
+        """Wait until the captured work has completed. A checkpoint; cancelling abandons the
+        wait only. Raises :class:`DeviceFaultError` if the device faults meanwhile."""
+        self.handle  # noqa: B018 - raises ClosedResourceError once closed
+        await current_notifier().wait(self._point)
+
+    def close(self) -> None:
+        """Destroy the event. Idempotent. Pending waits on it still complete."""
+        if self._finalizer.alive:
+            self._finalizer()
+
+
+def _release_event(driver: Driver, handle: int) -> None:
+    try:
+        driver.event_destroy(handle)
+    except AiocudasemError as exc:
+        warnings.warn(f"destroying an event failed: {exc}", RuntimeWarning, stacklevel=1)
+
+
+class HandOff:
+    """``async with stream.handoff(waits, signals):`` - a section of GPU work between an
+    external producer's signal and our signal back.
+
+    - Entering enqueues the waits (not a checkpoint).
+    - The body enqueues GPU work on the stream.
+    - A normal exit enqueues the signals and waits until the stream has passed them.
+    - If the body raises (cancellation included), the signals are still enqueued, so that the
+      peer waiting for them is not left hanging, and the exception propagates at once,
+      without waiting for the GPU. GPU work already enqueued cannot be undone.
+    - If the exit's wait is cancelled, the signals are already enqueued and will fire; only
+      the observation is abandoned.
+    """
+
+    __slots__ = ("_signals", "_stream", "_waits")
+
+    def __init__(
+        self, stream: Stream, waits: tuple[Wait, ...], signals: tuple[Signal, ...]
+    ) -> None:
+        stream._enqueue(waits, Wait)
+        stream._enqueue(signals, Signal)
+        self._stream = stream
+        self._waits = waits
+        self._signals = signals
+
+    async def __aenter__(self) -> Stream:
+        self._stream.enqueue_wait(*self._waits)
+        return self._stream
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            try:
+                self._stream.enqueue_signal(*self._signals)
+            except (AiocudasemError, anyio.ClosedResourceError):
+                pass  # the body's exception is the one to report
+            return
+        self._stream.enqueue_signal(*self._signals)
+        await self._stream.wait_complete()
+
+
+def open_stream(
+    device: int = 0,
+    *,
+    priority: int = 0,
+    non_blocking: bool = True,
+    driver: Driver | str | None = None,
+) -> Stream:
+    """Create a stream on ``device``. Use it as ``async with open_stream() as stream:``.
+
+    Creation is synchronous and non-blocking. ``priority`` follows CUDA (lower is higher
+    priority; out-of-range values are clamped by the driver); ``non_blocking`` streams do not
+    synchronise with the legacy default stream. Raises ``ValueError`` for a device that does
+    not exist and :class:`DriverUnavailableError` if the driver cannot run.
+    """
+    if not isinstance(device, int) or isinstance(device, bool):
+        raise TypeError(f"device must be an int ordinal, not {type(device).__name__}")
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise TypeError(f"priority must be an int, not {type(priority).__name__}")
+    if not isinstance(non_blocking, bool):
+        raise TypeError("non_blocking must be a bool")
+    drv = resolve_driver(driver)
+    count = drv.device_count()
+    if not 0 <= device < count:
+        raise ValueError(f"device {device} does not exist: {count} device(s)")
+    handle = drv.stream_create(device, non_blocking, priority)
+    return Stream._create(drv, device, handle, owned=True)
+
+
+async def wait_stream(stream: object, *, driver: Driver | str | None = None) -> None:
+    """Wait until everything enqueued so far on ``stream`` has completed.
+
+    ``stream`` is anything :meth:`Stream.adopt` takes, for example
+    ``await aiocudasem.wait_stream(torch.cuda.current_stream())``.
+    """
+    await Stream.adopt(stream, driver=driver).wait_complete()
+
+
+async def wait_external_semaphores(waits: Sequence[Wait], stream: object) -> None:
+    """The async form of ``cuWaitExternalSemaphoresAsync``: enqueue the waits on ``stream``
+    in one driver call, then wait until the stream has passed them (and everything enqueued
+    before them). ``stream`` is a :class:`Stream` or anything :meth:`Stream.adopt` takes; a
+    foreign stream uses the driver of the first semaphore."""
+    entries = _entries(waits, Wait)
+    if not entries:
+        raise ValueError("give at least one Wait entry")
+    if not isinstance(stream, Stream):
+        stream = Stream.adopt(stream, driver=entries[0].semaphore.driver)
+    stream.enqueue_wait(*entries)
+    await stream.wait_complete()

@@ -1,0 +1,47 @@
+"""Helpers to test code that uses aiocudasem, on the simulated device.
+
+``SimDriver`` is a full driver: pass it (or ``driver="sim"``) wherever a ``driver=`` argument
+is taken. Its ``create_semaphore`` returns a :class:`SimProducer`, the host side of an external
+semaphore (what Vulkan or a peer process would hold), and ``inject_fault`` puts a device into
+a sticky error as a trapped kernel would.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ._driver._sim import SimDriver as SimDriver
+from ._driver._sim import SimProducer as SimProducer
+from ._semaphore import ExternalSemaphore, HandleType, import_semaphore
+from ._stream import Stream
+
+__all__ = ("SimDriver", "SimProducer", "hold", "import_sim_semaphore")
+
+
+def import_sim_semaphore(
+    driver: SimDriver, *, timeline: bool = True, initial: int = 0, device: int = 0
+) -> tuple[ExternalSemaphore, SimProducer]:
+    """Create a simulated external semaphore and import it: returns the CUDA side and the
+    producer's side."""
+    producer = driver.create_semaphore(timeline=timeline, initial=initial)
+    kind = HandleType.TIMELINE_SEMAPHORE_FD if timeline else HandleType.OPAQUE_FD
+    fd = producer.export_fd()
+    try:
+        sem = import_semaphore(kind, fd, device=device, driver=driver)
+    except BaseException:
+        import os
+
+        os.close(fd)
+        raise
+    return sem, producer
+
+
+def hold(stream: Stream) -> threading.Event:
+    """Enqueue a simulated kernel that runs until the returned ``threading.Event`` is set.
+    Lets a test decide exactly when a stream's work completes."""
+    driver = stream.driver
+    if not isinstance(driver, SimDriver):
+        raise TypeError("hold() needs a stream of the simulated device")
+    gate = threading.Event()
+    driver.launch(stream.handle, gate.wait)
+    return gate
