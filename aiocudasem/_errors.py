@@ -74,7 +74,11 @@ class DeviceFaultError(CudaError):
 class DriverUnavailableError(AiocudasemError):
     """The requested driver cannot run here: no CUDA driver library, no device, or a
     ``cuda-bindings`` without ``cuda.bindings._v2.driver``. The message says how to pick the
-    simulated device instead."""
+    simulated device instead; ``reason`` is the cause alone."""
+
+    def __init__(self, message: str, status: int | None = None, *, reason: str = "") -> None:
+        super().__init__(message, status)
+        self.reason = reason or message
 
 
 class DeviceMismatchError(AiocudasemError, ValueError):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
@@ -84,17 +85,20 @@ def configure(
 
 
 class _EventPool:
-    """Reusable timing-free events per (driver, device). Re-recording an event is always
+    """Reusable timing-free events per driver and device. Re-recording an event is always
     allowed by CUDA, and cuStreamWaitEvent captures the state at call time, so an event can go
     back to the pool as soon as no waiter will query it again."""
 
     _LIMIT: Final = 4096
 
     def __init__(self) -> None:
-        self._free: dict[tuple[int, int], list[int]] = {}
+        # Keyed by the driver object, weakly: an id() could be reused by a later driver.
+        self._free: weakref.WeakKeyDictionary[Driver, dict[int, list[int]]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def take(self, driver: Driver, device: int) -> int:
-        free = self._free.get((id(driver), device))
+        free = self._free.get(driver, {}).get(device)
         if free:
             try:
                 return free.pop()
@@ -103,7 +107,7 @@ class _EventPool:
         return driver.event_create(device)
 
     def give(self, driver: Driver, device: int, event: int) -> None:
-        free = self._free.setdefault((id(driver), device), [])
+        free = self._free.setdefault(driver, {}).setdefault(device, [])
         if len(free) < self._LIMIT:
             free.append(event)
         else:
@@ -119,36 +123,39 @@ class _SideStreams:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._streams: OrderedDict[tuple[int, int], tuple[Driver, int]] = OrderedDict()
+        self._streams: weakref.WeakKeyDictionary[Driver, OrderedDict[int, int]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def get(self, driver: Driver, device: int, work: int) -> int:
-        key = (id(driver), work)
         with self._lock:
-            entry = self._streams.get(key)
-            if entry is not None:
-                self._streams.move_to_end(key)
-                return entry[1]
+            table = self._streams.get(driver)
+            side = None if table is None else table.get(work)
+            if side is not None:
+                table.move_to_end(work)  # type: ignore[union-attr]
+                return side
         side = driver.stream_create(device, True, 0)
+        evicted: int | None = None
         with self._lock:
-            entry = self._streams.get(key)
-            if entry is not None:  # lost a race with another thread
-                evicted: tuple[Driver, int] | None = (driver, side)
-                side = entry[1]
+            table = self._streams.setdefault(driver, OrderedDict())
+            existing = table.get(work)
+            if existing is not None:  # lost a race with another thread
+                evicted, side = side, existing
             else:
-                self._streams[key] = (driver, side)
-                evicted = None
-                if len(self._streams) > self._LIMIT:
-                    evicted = self._streams.popitem(last=False)[1]
+                table[work] = side
+                if len(table) > self._LIMIT:
+                    evicted = table.popitem(last=False)[1]
         if evicted is not None:
             # Destroying returns at once; queued host functions still run.
-            evicted[0].stream_destroy(evicted[1])
+            driver.stream_destroy(evicted)
         return side
 
     def drop(self, driver: Driver, work: int) -> None:
         with self._lock:
-            entry = self._streams.pop((id(driver), work), None)
-        if entry is not None:
-            entry[0].stream_destroy(entry[1])
+            table = self._streams.get(driver)
+            side = None if table is None else table.pop(work, None)
+        if side is not None:
+            driver.stream_destroy(side)
 
 
 event_pool = _EventPool()

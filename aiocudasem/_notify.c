@@ -326,8 +326,10 @@ static PyTypeObject NotifierType = {
 };
 
 static struct PyModuleDef notify_module = {
-    PyModuleDef_HEAD_INIT, "aiocudasem._notify",
-    "GIL-free CUDA host function and completion queue.", -1, NULL,
+    PyModuleDef_HEAD_INIT,
+    .m_name = "aiocudasem._notify",
+    .m_doc = "GIL-free CUDA host function and completion queue.",
+    .m_size = -1,
 };
 
 PyMODINIT_FUNC PyInit__notify(void) {

@@ -14,7 +14,7 @@ import anyio
 
 from ._driver import Driver, SemaphoreDesc, SemOp, get_driver
 from ._errors import AiocudasemError, CudaError, UnsupportedHandleTypeError
-from ._notifier import Point, current_notifier, event_pool
+from ._notifier import Point, current_notifier, event_pool, side_streams
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -425,10 +425,12 @@ class _HostWaitStreams:
     A cancelled wait's stream may stay blocked forever, so it is destroyed, not reused."""
 
     def __init__(self) -> None:
-        self._free: dict[tuple[int, int], list[int]] = {}
+        self._free: weakref.WeakKeyDictionary[Driver, dict[int, list[int]]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def take(self, driver: Driver, device: int) -> int:
-        free = self._free.get((id(driver), device))
+        free = self._free.get(driver, {}).get(device)
         if free:
             try:
                 return free.pop()
@@ -437,7 +439,7 @@ class _HostWaitStreams:
         return driver.stream_create(device, True, 0)
 
     def give(self, driver: Driver, device: int, stream: int) -> None:
-        free = self._free.setdefault((id(driver), device), [])
+        free = self._free.setdefault(driver, {}).setdefault(device, [])
         if len(free) < 64:
             free.append(stream)
         else:
@@ -458,7 +460,11 @@ async def _host_wait(entries: list[Wait]) -> None:
     try:
         drv.wait_semaphores(ops, stream)
         event = event_pool.take(drv, device)
-        drv.event_record(event, stream)
+        try:
+            drv.event_record(event, stream)
+        except BaseException:
+            event_pool.give(drv, device, event)
+            raise
         await notifier.wait(Point(drv, device, stream, event, pooled=True))
         done = True
     finally:
@@ -466,6 +472,7 @@ async def _host_wait(entries: list[Wait]) -> None:
             _host_streams.give(drv, device, stream)
         else:
             try:
+                side_streams.drop(drv, stream)
                 drv.stream_destroy(stream)
             except AiocudasemError:
                 pass  # a faulted device: the stream is gone with its context

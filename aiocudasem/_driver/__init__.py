@@ -95,12 +95,17 @@ class Driver(Protocol):
 
     def launch_check_frame(self, stream: int, src: int, words: int, frame: int, out: int) -> None:
         """Enqueue a kernel that counts the words of pinned ``src`` that differ from
-        ``frame_word(frame, i)`` and adds the count to ``out[frame]`` (uint32, pinned)."""
+        ``frame_word(frame, i)`` and adds ``SEEN`` plus that count to ``out[frame]`` (uint32,
+        pinned). A frame checked once and intact therefore reads exactly ``SEEN``."""
         ...
 
     def launch_trap(self, stream: int) -> None:
         """Enqueue a kernel that traps, faulting the device's context."""
         ...
+
+
+#: What one check of an intact frame adds to its ``out`` slot (``words`` stays below it).
+SEEN = 0x10000
 
 
 def frame_word(frame: int, i: int) -> int:
@@ -144,5 +149,6 @@ def get_driver(name: str | None = None) -> Driver:
 def unavailable(reason: str) -> DriverUnavailableError:
     return DriverUnavailableError(
         f"the CUDA driver cannot be used: {reason}. To run on the simulated device instead, "
-        f"pass driver='sim' or set {DRIVER_ENV}=sim."
+        f"pass driver='sim' or set {DRIVER_ENV}=sim.",
+        reason=reason,
     )

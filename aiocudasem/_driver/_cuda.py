@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 import numpy as np
 
 from .._errors import STICKY_STATUSES, CudaError, DeviceFaultError, DeviceMismatchError
-from . import unavailable
+from . import SEEN, unavailable
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -51,6 +51,8 @@ extern "C" __global__ void aiocudasem_check_frame(const unsigned int *src, unsig
     for (unsigned int i = threadIdx.x; i < words; i += blockDim.x) {
         bad += v[i] != frame * 2654435761u + i;
     }
+    // Thread 0 also adds the "seen" mark, so a frame checked twice or never shows.
+    if (threadIdx.x == 0) bad += 0x10000u;
     if (bad) atomicAdd_system(out + frame, bad);
 }
 
@@ -382,6 +384,8 @@ class CudaDriver:
         self._launch(stream, "spin", 1, ctypes.c_uint64(ns))
 
     def launch_check_frame(self, stream: int, src: int, words: int, frame: int, out: int) -> None:
+        if not 0 < words < SEEN:
+            raise ValueError(f"words must be in [1, {SEEN}), got {words}")
         self._launch(
             stream,
             "check_frame",

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 
 from .._errors import CudaError, DeviceFaultError, STICKY_STATUSES
-from . import frame_word
+from . import SEEN, frame_word
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -503,13 +503,15 @@ class SimDriver:
         self._enqueue(stream, lambda: time.sleep(ns / 1e9), "cuLaunchKernel")
 
     def launch_check_frame(self, stream: int, src: int, words: int, frame: int, out: int) -> None:
+        if not 0 < words < SEEN:
+            raise ValueError(f"words must be in [1, {SEEN}), got {words}")
         expected = (frame * 2654435761 + np.arange(words, dtype=np.uint64)) & 0xFFFFFFFF
         assert int(expected[0]) == frame_word(frame, 0)
 
         def check() -> None:
             data = np.ctypeslib.as_array((ctypes.c_uint32 * words).from_address(src))
             slot = ctypes.c_uint32.from_address(out + 4 * frame)
-            slot.value += int(np.count_nonzero(data != expected))
+            slot.value += int(np.count_nonzero(data != expected)) + SEEN
 
         self._enqueue(stream, check, "cuLaunchKernel")
 

@@ -1,0 +1,49 @@
+"""Shared fixtures: every async test runs on asyncio, asyncio+uvloop and trio."""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from aiocudasem.testing import SimDriver
+
+_BACKENDS: list[Any] = [
+    pytest.param(("asyncio", {"use_uvloop": False}), id="asyncio"),
+    pytest.param(("asyncio", {"use_uvloop": True}), id="asyncio+uvloop"),
+    pytest.param(("trio", {}), id="trio"),
+]
+
+
+@pytest.fixture(params=_BACKENDS)
+def anyio_backend(request: pytest.FixtureRequest) -> Any:
+    return request.param
+
+
+@pytest.fixture
+def sim() -> Iterator[SimDriver]:
+    """A fresh simulated machine with two devices."""
+    drv = SimDriver(devices=2)
+    yield drv
+    gc.collect()
+
+
+def open_fds() -> set[int]:
+    return {int(n) for n in os.listdir("/proc/self/fd")}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not any(item.get_closest_marker("gpu") for item in items):
+        return
+    from aiocudasem import DriverUnavailableError, get_driver
+
+    try:
+        get_driver("cuda")
+    except DriverUnavailableError as exc:
+        skip = pytest.mark.skip(reason=f"no usable CUDA GPU here: {exc}")
+        for item in items:
+            if item.get_closest_marker("gpu"):
+                item.add_marker(skip)

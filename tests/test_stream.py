@@ -1,0 +1,226 @@
+from __future__ import annotations
+
+import gc
+
+import anyio
+import pytest
+
+import aiocudasem as acs
+from aiocudasem.testing import SimDriver, hold
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_wait_complete_waits_for_enqueued_work(sim: SimDriver) -> None:
+    async with acs.open_stream(driver=sim) as s:
+        ran: list[int] = []
+        gate = hold(s)
+        sim.launch(s.handle, lambda: ran.append(1))
+        assert not s.query()
+        with anyio.move_on_after(0.02):
+            await s.wait_complete()
+        assert ran == []  # still gated: the wait did not return early
+        gate.set()
+        with anyio.fail_after(5):
+            await s.wait_complete()
+        assert ran == [1]
+        assert s.query()
+
+
+async def test_wait_complete_on_idle_stream_is_a_checkpoint(sim: SimDriver) -> None:
+    async with acs.open_stream(driver=sim) as s:
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await s.wait_complete()
+            pytest.fail("a cancelled scope must stop wait_complete")  # pragma: no cover
+        assert scope.cancelled_caught
+
+
+async def test_event_wait_and_query(sim: SimDriver) -> None:
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        ev = s.record()
+        after = hold(s)  # work after the record must not delay the event
+        assert not ev.query()
+        gate.set()
+        with anyio.fail_after(5):
+            await ev.wait()
+        assert ev.query()
+        assert not s.query()
+        after.set()
+        ev.close()
+        ev.close()  # idempotent
+        assert ev.closed
+        with pytest.raises(anyio.ClosedResourceError):
+            await ev.wait()
+
+
+async def test_many_waiters_on_one_event_share_one_notification(sim: SimDriver) -> None:
+    from aiocudasem._notifier import current_notifier
+
+    acs.configure(spin_limit=0)
+    try:
+        async with acs.open_stream(driver=sim) as s:
+            gate = hold(s)
+            ev = s.record()
+            woke = 0
+
+            async def waiter() -> None:
+                nonlocal woke
+                await ev.wait()
+                woke += 1
+
+            before = current_notifier().stats()["fired"]
+            async with anyio.create_task_group() as tg:
+                for _ in range(50):
+                    tg.start_soon(waiter)
+                await anyio.wait_all_tasks_blocked()
+                gate.set()
+            assert woke == 50
+            assert current_notifier().stats()["fired"] - before == 1
+            ev.close()
+    finally:
+        acs.configure(spin_limit=acs.Tuning().spin_limit)
+
+
+async def test_wait_event_orders_two_streams(sim: SimDriver) -> None:
+    async with acs.open_stream(driver=sim) as a, acs.open_stream(driver=sim) as b:
+        order: list[str] = []
+        gate = hold(a)
+        sim.launch(a.handle, lambda: order.append("a"))
+        ev = a.record()
+        b.wait_event(ev)
+        sim.launch(b.handle, lambda: order.append("b"))
+        gate.set()
+        with anyio.fail_after(5):
+            await b.wait_complete()
+        assert order == ["a", "b"]
+        ev.close()
+        with pytest.raises(TypeError, match="Event"):
+            b.wait_event(object())  # type: ignore[arg-type]
+
+
+async def test_stream_protocol_and_properties(sim: SimDriver) -> None:
+    s = acs.open_stream(1, priority=-1, non_blocking=False, driver=sim)
+    assert s.device == 1
+    assert s.owned
+    assert s.driver is sim
+    assert s.__cuda_stream__() == (0, s.handle)
+    assert "owned" in repr(s)
+    await s.aclose()
+    await s.aclose()  # idempotent
+    assert s.closed
+    assert "closed" in repr(s)
+    with pytest.raises(anyio.ClosedResourceError):
+        s.handle  # noqa: B018
+    with pytest.raises(anyio.ClosedResourceError):
+        await s.wait_complete()
+    with pytest.raises(anyio.ClosedResourceError):
+        s.query()
+
+
+class _Foreign:
+    """Stands in for a cuda.core / CuPy / PyTorch stream."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+async def test_adopt_foreign_stream_borrows_it(sim: SimDriver) -> None:
+    async with acs.open_stream(driver=sim) as owner:
+        borrowed = acs.Stream.adopt(_Foreign(owner.handle), driver=sim)
+        assert not borrowed.owned
+        assert borrowed.handle == owner.handle
+        assert acs.Stream.adopt(owner) is owner
+        gate = hold(owner)
+        gate.set()
+        with anyio.fail_after(5):
+            await borrowed.wait_complete()
+            await acs.wait_stream(_Foreign(owner.handle), driver=sim)
+            await acs.wait_stream(owner.handle, driver=sim)
+        await borrowed.aclose()
+        # Closing the borrowed one leaves the owner's stream alive.
+        assert owner.query()
+        with anyio.fail_after(5):
+            await owner.wait_complete()
+
+
+async def test_adopt_raw_legacy_default_stream(sim: SimDriver) -> None:
+    s = acs.Stream.adopt(0, driver=sim)
+    assert s.device == 0
+    with anyio.fail_after(5):
+        await s.wait_complete()
+    await s.aclose()
+
+
+@pytest.mark.parametrize(
+    ("obj", "exc"),
+    [
+        ("stream", TypeError),
+        (1.5, TypeError),
+        (True, TypeError),
+        (-1, ValueError),
+        (type("Bad", (), {"__cuda_stream__": lambda self: 7})(), TypeError),
+    ],
+)
+async def test_adopt_rejects_non_streams(sim: SimDriver, obj: object, exc: type) -> None:
+    with pytest.raises(exc):
+        acs.Stream.adopt(obj, driver=sim)
+
+
+async def test_adopt_unknown_handle_is_a_cuda_error(sim: SimDriver) -> None:
+    with pytest.raises(acs.CudaError) as info:
+        acs.Stream.adopt(0xDEAD0, driver=sim)
+    assert info.value.status == 400
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc"),
+    [
+        ({"device": 2}, ValueError),
+        ({"device": -1}, ValueError),
+        ({"device": "0"}, TypeError),
+        ({"device": True}, TypeError),
+        ({"priority": 1.0}, TypeError),
+        ({"non_blocking": 1}, TypeError),
+        ({"driver": 42}, TypeError),
+        ({"driver": "opencl"}, ValueError),
+    ],
+)
+async def test_open_stream_bad_input(sim: SimDriver, kwargs: dict[str, object], exc: type) -> None:
+    kwargs.setdefault("driver", sim)
+    with pytest.raises(exc):
+        acs.open_stream(**kwargs)  # type: ignore[arg-type]
+
+
+async def test_no_public_constructors() -> None:
+    with pytest.raises(TypeError, match="open_stream"):
+        acs.Stream()
+    with pytest.raises(TypeError, match="record"):
+        acs.Event()
+    with pytest.raises(TypeError, match="import_semaphore"):
+        acs.ExternalSemaphore()
+
+
+async def test_exit_on_error_destroys_without_waiting(sim: SimDriver) -> None:
+    gate = None
+    with pytest.raises(KeyError):
+        async with acs.open_stream(driver=sim) as s:
+            gate = hold(s)
+            raise KeyError("body failed")
+    assert s.closed  # destroyed at once although its work is still gated
+    assert gate is not None
+    gate.set()
+
+
+async def test_forgotten_stream_warns_and_is_destroyed(sim: SimDriver) -> None:
+    s = acs.open_stream(driver=sim)
+    handle = s.handle
+    with pytest.warns(ResourceWarning, match="aclose"):
+        del s
+        gc.collect()
+    with pytest.raises(acs.CudaError):
+        sim.stream_query(handle)
