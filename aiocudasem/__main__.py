@@ -17,9 +17,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="default: the real GPU if there is one, else the simulated device (said so)",
     )
-    demo.add_argument(
-        "--backend", choices=["asyncio", "asyncio+uvloop", "trio"], default="asyncio"
-    )
+    demo.add_argument("--backend", choices=["asyncio", "asyncio+uvloop", "trio"], default="asyncio")
     demo.add_argument("--frames", type=int, default=240)
     demo.add_argument("--consumers", type=int, default=4)
     demo.add_argument("--buffers", type=int, default=4)
@@ -34,9 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command == "demo":
         from ._demo import main as demo_main
 
-        return demo_main(
-            ns.driver, ns.backend, ns.frames, ns.consumers, ns.buffers, ns.words
-        )
+        return demo_main(ns.driver, ns.backend, ns.frames, ns.consumers, ns.buffers, ns.words)
     if ns.command == "doctor":
         from ._doctor import main as doctor_main
 

@@ -142,8 +142,21 @@ async def run_demo(
                 f"{consumers} consumer coroutines on their own streams"
             )
             return await _pipeline(
-                driver, device, frames, consumers, buffers, words, bufs, buf_ptr, out_ptr, out,
-                ready, done, signal_ready, say, wait_for_reuse,
+                driver,
+                device,
+                frames,
+                consumers,
+                buffers,
+                words,
+                bufs,
+                buf_ptr,
+                out_ptr,
+                out,
+                ready,
+                done,
+                signal_ready,
+                say,
+                wait_for_reuse,
             )
     finally:
         driver.free_pinned(buf_ptr)
@@ -203,7 +216,7 @@ async def _pipeline(
                     if n % max(1, frames // 8) == 0 or n == frames:
                         say(f"  frame {n:>5}/{frames} handed back")
 
-        assert frame_word(3, 5) == int((3 * 2654435761 + 5) & 0xFFFFFFFF)
+        assert frame_word(3, 5) == ((3 * 2654435761 + 5) & 0xFFFFFFFF)
         thread = threading.Thread(target=produce, name="aiocudasem-demo-producer", daemon=True)
         start = time.perf_counter()
         thread.start()

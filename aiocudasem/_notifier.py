@@ -168,6 +168,7 @@ class Point:
 
     __slots__ = (
         "device",
+        "done",
         "driver",
         "error",
         "event",
@@ -177,7 +178,6 @@ class Point:
         "stream",
         "token",
         "waiting",
-        "done",
     )
 
     def __init__(self, driver: Driver, device: int, stream: int, event: int, pooled: bool) -> None:

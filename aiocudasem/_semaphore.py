@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import os
 import sys
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
-import ctypes
 
 import anyio
 
 from ._driver import Driver, SemaphoreDesc, SemOp, get_driver
-from ._errors import AiocudasemError, CudaError, UnsupportedHandleTypeError
+from ._errors import AiocudasemError, CudaError, DeviceFaultError, UnsupportedHandleTypeError
 from ._notifier import Point, current_notifier, event_pool, side_streams
 
 if TYPE_CHECKING:
     from types import TracebackType
-
-    from typing_extensions import Self
+    from typing import Self
 
 __all__ = (
     "ExternalSemaphore",
@@ -227,6 +226,8 @@ def _release_semaphore(driver: Driver, handle: int, collected: bool) -> None:
         )
     try:
         driver.destroy_semaphore(handle)
+    except DeviceFaultError:
+        pass  # the faulted context took the semaphore with it
     except AiocudasemError as exc:
         if collected:
             import warnings

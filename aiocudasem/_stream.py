@@ -10,15 +10,14 @@ import anyio
 import anyio.lowlevel
 
 from ._driver import Driver
-from ._errors import AiocudasemError
+from ._errors import AiocudasemError, DeviceFaultError
 from ._notifier import Point, current_notifier, event_pool, side_streams
 from ._semaphore import Signal, Wait, check_same_device, resolve_driver
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from types import TracebackType
-
-    from typing_extensions import Self
+    from typing import Self
 
 __all__ = ("Event", "HandOff", "Stream", "open_stream", "wait_external_semaphores", "wait_stream")
 
@@ -230,6 +229,8 @@ def _release_stream(driver: Driver, handle: int, owned: bool, collected: bool) -
     try:
         side_streams.drop(driver, handle)
         driver.stream_destroy(handle)
+    except DeviceFaultError:
+        pass  # the faulted context took the stream with it
     except AiocudasemError as exc:
         if not collected:
             raise
@@ -246,8 +247,10 @@ def _stream_handle(obj: object) -> int:
             and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
         ):
             return value[1]
-        raise TypeError(f"__cuda_stream__ of {type(obj).__name__} returned {value!r}, not a "
-                        "(version, handle) pair of ints")
+        raise TypeError(
+            f"__cuda_stream__ of {type(obj).__name__} returned {value!r}, not a "
+            "(version, handle) pair of ints"
+        )
     if isinstance(obj, int) and not isinstance(obj, bool):
         if obj < 0:
             raise ValueError(f"a stream handle is a non-negative int, not {obj}")

@@ -32,7 +32,8 @@ def sim() -> Iterator[SimDriver]:
 
 
 def open_fds() -> set[int]:
-    return {int(n) for n in os.listdir("/proc/self/fd")}
+    """The process's open fds, without the transient one that lists them."""
+    return {int(n) for n in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{n}")}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
-from .._errors import CudaError, DeviceFaultError, STICKY_STATUSES
+from .._errors import STICKY_STATUSES, CudaError, DeviceFaultError
 from . import SEEN, frame_word
 
 if TYPE_CHECKING:
@@ -72,6 +72,10 @@ class _Semaphore:
         self.exported: set[int] = set()
 
 
+def _consume(sem: _Semaphore) -> None:
+    sem.value = 0
+
+
 class _Stream:
     __slots__ = ("cond", "destroyed", "device", "done", "handle", "ops", "submitted", "thread")
 
@@ -87,7 +91,7 @@ class _Stream:
 
 
 class _Event:
-    __slots__ = ("device", "stream", "seq", "stamp", "timing")
+    __slots__ = ("device", "seq", "stamp", "stream", "timing")
 
     def __init__(self, device: int, timing: bool) -> None:
         self.device = device
@@ -269,13 +273,18 @@ class SimDriver:
                     s.done += 1
                 self._deps.notify_all()
 
-    def _block_until(self, device: int, ready: Callable[[], bool]) -> bool:
-        """Block a worker until ``ready()`` (evaluated under the lock) or a fault."""
+    def _block_until(
+        self, device: int, ready: Callable[[], bool], then: Callable[[], None] | None = None
+    ) -> bool:
+        """Block a worker until ``ready()`` or a fault. ``ready`` and ``then`` run under the
+        lock, together, so that consuming what ``ready`` saw is atomic."""
         with self._lock:
             while not ready():
                 if device in self._faults:
                     return False
                 self._deps.wait()
+            if then is not None:
+                then()
             return True
 
     def _export(self, sem: _Semaphore) -> int:
@@ -438,6 +447,7 @@ class SimDriver:
             s = self._sems.pop(sem, None)
             if s is None:
                 raise _error(_INVALID_HANDLE, "cuDestroyExternalSemaphore")
+            self._check_device(self._sem_devices[sem], "cuDestroyExternalSemaphore")
             del self._sem_devices[sem]
             s.imported -= 1
 
@@ -462,9 +472,10 @@ class SimDriver:
             def wait_all() -> None:
                 for sem, op in resolved:
                     if sem.binary:
-                        if self._block_until(s.device, lambda sem=sem: sem.value >= 1):
-                            with self._lock:
-                                sem.value = 0
+                        # One wait per signal: test and consume in one critical section.
+                        self._block_until(
+                            s.device, lambda sem=sem: sem.value >= 1, lambda sem=sem: _consume(sem)
+                        )
                     else:
                         self._block_until(s.device, lambda sem=sem, v=op.value: sem.value >= v)
 

@@ -1,0 +1,75 @@
+"""Foreign streams from the libraries people use: cuda.core, CuPy and PyTorch."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+import aiocudasem as acs
+
+pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
+
+
+def _handle_of(stream: object) -> object:
+    # Use the protocol where the library has it; a raw handle otherwise.
+    if hasattr(stream, "__cuda_stream__"):
+        return stream
+    for attr in ("cuda_stream", "ptr"):
+        if hasattr(stream, attr):
+            return int(getattr(stream, attr))
+    raise AssertionError(f"no handle on {stream!r}")
+
+
+async def test_pytorch_stream(cuda: acs.Driver) -> None:
+    torch = pytest.importorskip("torch")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(50_000_000)  # tens of ms of GPU cycles
+        x = torch.ones(1 << 20, device="cuda") * 3
+    assert not s.query()
+    with anyio.fail_after(30):
+        await acs.wait_stream(_handle_of(s), driver=cuda)
+    assert s.query()
+    assert float(x.sum()) == 3 * (1 << 20)
+    # The current stream in one line, as the README shows.
+    with anyio.fail_after(30):
+        await acs.wait_stream(_handle_of(torch.cuda.current_stream()), driver=cuda)
+
+
+async def test_cupy_stream(cuda: acs.Driver) -> None:
+    cp = pytest.importorskip("cupy")
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        a = cp.arange(1 << 22, dtype=cp.float32)
+        total = a.sum()
+    with anyio.fail_after(30):
+        await acs.wait_stream(_handle_of(s), driver=cuda)
+    assert s.done
+    assert float(total) == float((1 << 22) * ((1 << 22) - 1) / 2)
+
+
+async def test_cuda_core_stream(cuda: acs.Driver) -> None:
+    core = pytest.importorskip("cuda.core")
+    dev = core.Device(0)
+    dev.set_current()
+    s = dev.create_stream()
+    adopted = acs.Stream.adopt(s, driver=cuda)
+    assert adopted.handle == int(s.handle)
+    assert not adopted.owned
+    cuda.launch_spin(adopted.handle, 5_000_000)
+    with anyio.fail_after(30):
+        await adopted.wait_complete()
+    await adopted.aclose()
+    s.close()
+
+
+async def test_our_stream_is_usable_by_cuda_core(cuda: acs.Driver) -> None:
+    core = pytest.importorskip("cuda.core")
+    async with acs.open_stream(driver=cuda) as ours:
+        dev = core.Device(0)
+        dev.set_current()
+        theirs = dev.create_stream(ours)  # through __cuda_stream__
+        assert int(theirs.handle) == ours.handle
+        cuda.launch_spin(ours.handle, 1_000_000)
+        theirs.sync()
+        assert ours.query()

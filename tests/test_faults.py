@@ -1,0 +1,118 @@
+"""A device fault wakes every waiter with DeviceFaultError in bounded time, never a hang."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+import aiocudasem as acs
+from aiocudasem.testing import SimDriver, hold, import_sim_semaphore
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_fault_wakes_every_parked_waiter(sim: SimDriver) -> None:
+    acs.configure(spin_limit=0)
+    try:
+        s1 = acs.open_stream(driver=sim)
+        s2 = acs.open_stream(driver=sim)
+        hold(s1)
+        hold(s2)
+        errors: list[BaseException] = []
+
+        async def wait(stream: acs.Stream) -> None:
+            try:
+                await stream.wait_complete()
+            except acs.DeviceFaultError as exc:
+                errors.append(exc)
+
+        with anyio.fail_after(5):  # bounded: the watchdog, not a hang
+            async with anyio.create_task_group() as tg:
+                for _ in range(10):
+                    tg.start_soon(wait, s1)
+                    tg.start_soon(wait, s2)
+                await anyio.wait_all_tasks_blocked()
+                sim.inject_fault(0, status=700)
+        assert len(errors) == 20
+        assert all(e.status == 700 for e in errors)
+        assert len({id(e) for e in errors}) == 20  # one exception object per waiter
+        with pytest.raises(acs.DeviceFaultError):
+            s1.query()
+        for s in (s1, s2):
+            with pytest.raises(acs.DeviceFaultError):
+                await s.aclose()
+            assert s.closed
+    finally:
+        acs.configure(spin_limit=acs.Tuning().spin_limit)
+
+
+async def test_trap_kernel_fails_the_wait(sim: SimDriver) -> None:
+    s = acs.open_stream(driver=sim)
+    sim.launch_trap(s.handle)
+    with anyio.fail_after(5), pytest.raises(acs.DeviceFaultError) as info:
+        await s.wait_complete()
+    assert info.value.status == 719
+    with pytest.raises(acs.DeviceFaultError):
+        await s.aclose()  # its wait for the enqueued work fails
+    assert s.closed  # but the stream is released all the same
+
+
+async def test_fault_while_spinning(sim: SimDriver) -> None:
+    acs.configure(spin_limit=10.0)
+    try:
+        s = acs.open_stream(driver=sim)
+        hold(s)
+        async with anyio.create_task_group() as tg:
+
+            async def fault_soon() -> None:
+                await anyio.sleep(0.01)
+                sim.inject_fault(0)
+
+            tg.start_soon(fault_soon)
+            with anyio.fail_after(5), pytest.raises(acs.DeviceFaultError):
+                await s.wait_complete()
+        with pytest.raises(acs.DeviceFaultError):
+            await s.aclose()
+    finally:
+        acs.configure(spin_limit=acs.Tuning().spin_limit)
+
+
+async def test_fault_fails_a_host_semaphore_wait(sim: SimDriver) -> None:
+    sem, _ = import_sim_semaphore(sim, device=1)
+    async with anyio.create_task_group() as tg:
+
+        async def fault_soon() -> None:
+            await anyio.sleep(0.01)
+            sim.inject_fault(1, status=719)
+
+        tg.start_soon(fault_soon)
+        with anyio.fail_after(5), pytest.raises(acs.DeviceFaultError):
+            await sem.wait_value(1)
+    await sem.aclose()  # the semaphore went with the context: closing still succeeds
+    assert sem.closed
+
+
+async def test_other_device_keeps_working_after_a_fault(sim: SimDriver) -> None:
+    sim.inject_fault(0)
+    async with acs.open_stream(1, driver=sim) as s:
+        gate = hold(s)
+        gate.set()
+        with anyio.fail_after(5):
+            await s.wait_complete()
+    with pytest.raises(acs.DeviceFaultError):
+        acs.open_stream(0, driver=sim)
+
+
+async def test_stuck_producer_times_out_cleanly(sim: SimDriver) -> None:
+    sem, producer = import_sim_semaphore(sim)
+    producer.set_stuck()
+    async with acs.open_stream(driver=sim) as s:
+        s.enqueue_wait(acs.Wait(sem, 1))
+        producer.signal(1)  # lost: the producer is stuck
+        with pytest.raises(TimeoutError), anyio.fail_after(0.05):
+            await s.wait_complete()
+        producer.set_stuck(False)
+        producer.signal(1)
+        with anyio.fail_after(5):
+            await s.wait_complete()
+    await sem.aclose()
