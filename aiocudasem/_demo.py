@@ -34,7 +34,7 @@ import numpy as np
 from ._driver import SEEN, Driver, frame_word, get_driver
 from ._errors import AiocudasemError, DriverUnavailableError
 from ._semaphore import ExternalSemaphore, HandleType, Signal, Wait, import_semaphore
-from ._stream import open_stream
+from ._stream import Stream, open_stream
 
 
 class _Producer(Protocol):
@@ -89,6 +89,10 @@ def _producers(
         def signal_vk(n: int, sem: _Producer) -> None:
             # Alternate a host signal and an empty queue submission, as a renderer would.
             if n % 2:
+                # Vulkan forbids a host signal below a pending queue signal
+                # (VUID-VkSemaphoreSignalInfo-value-03259): let the last one land first.
+                if n > 1 and not sem.wait(n - 1, timeout=10.0):
+                    raise RuntimeError(f"Vulkan's queue signal of frame {n - 1} never landed")
                 sem.signal(n)
             else:
                 sem.submit_signal(n)  # type: ignore[attr-defined]
@@ -118,9 +122,11 @@ async def run_demo(
     device: int = 0,
     say: Callable[[str], None] = print,
     wait_for_reuse: bool = True,
+    timeout: float | None = None,
 ) -> DemoResult:
-    """Run the pipeline and verify every frame. ``wait_for_reuse=False`` breaks the
-    producer's side of the protocol on purpose (tests use it to prove the check fails)."""
+    """Run the pipeline and verify every frame; give up after ``timeout`` seconds (default:
+    generous for ``frames``). ``wait_for_reuse=False`` breaks the producer's side of the
+    protocol on purpose (tests use it to prove the check fails)."""
     if not 1 <= consumers <= 64 or not 1 <= buffers <= 64 or frames < 1:
         raise ValueError("need frames >= 1 and 1..64 consumers and buffers")
     if not 0 < words < SEEN:
@@ -157,6 +163,7 @@ async def run_demo(
                 signal_ready,
                 say,
                 wait_for_reuse,
+                max(60.0, frames * 0.05) if timeout is None else timeout,
             )
     finally:
         driver.free_pinned(buf_ptr)
@@ -179,12 +186,16 @@ async def _pipeline(
     signal_ready: Callable[[int, _Producer], None],
     say: Callable[[str], None],
     wait_for_reuse: bool,
+    timeout: float,
 ) -> DemoResult:
     ready_sem = _import(driver, device, ready)
-    done_sems = []
+    done_sems: list[ExternalSemaphore] = []
+    streams: list[Stream] = []
+    ok = False
     try:
         for d in done:
             done_sems.append(_import(driver, device, d))
+        streams = [open_stream(device, driver=driver) for _ in range(consumers)]
         signalled = [0.0] * (frames + 1)
         resumed = [0.0] * (frames + 1)
         stop = threading.Event()
@@ -207,21 +218,21 @@ async def _pipeline(
                 failure.append(exc)
 
         async def consume(k: int) -> None:
-            async with open_stream(device, driver=driver) as stream:
-                for n in range(k + 1, frames + 1, consumers):
-                    slot = buf_ptr + (n % buffers) * words * 4
-                    async with stream.handoff(Wait(ready_sem, n), Signal(done_sems[k], n)):
-                        driver.launch_check_frame(stream.handle, slot, words, n, out_ptr)
-                    resumed[n] = time.perf_counter()
-                    if n % max(1, frames // 8) == 0 or n == frames:
-                        say(f"  frame {n:>5}/{frames} handed back")
+            stream = streams[k]
+            for n in range(k + 1, frames + 1, consumers):
+                slot = buf_ptr + (n % buffers) * words * 4
+                async with stream.handoff(Wait(ready_sem, n), Signal(done_sems[k], n)):
+                    driver.launch_check_frame(stream.handle, slot, words, n, out_ptr)
+                resumed[n] = time.perf_counter()
+                if n % max(1, frames // 8) == 0 or n == frames:
+                    say(f"  frame {n:>5}/{frames} handed back")
 
         assert frame_word(3, 5) == ((3 * 2654435761 + 5) & 0xFFFFFFFF)
         thread = threading.Thread(target=produce, name="aiocudasem-demo-producer", daemon=True)
         start = time.perf_counter()
         thread.start()
         try:
-            with anyio.fail_after(max(60.0, frames * 0.05)):
+            with anyio.fail_after(timeout):
                 async with anyio.create_task_group() as tg:
                     for k in range(consumers):
                         tg.start_soon(consume, k)
@@ -239,10 +250,39 @@ async def _pipeline(
                 f"{int(out[n]) & 0xFFFF} bad words, checked {int(out[n]) >> 16} time(s)"
             )
         lat = [(resumed[n] - signalled[n]) * 1e6 for n in range(1, frames + 1)]
+        ok = True
         return DemoResult(driver.name, frames, lat, elapsed)
     finally:
-        for s in [ready_sem, *done_sems]:
-            await s.aclose()
+        with anyio.CancelScope(shield=True):
+            if not ok:
+                # GPU waits for frames that never came would outlive us, and CUDA forbids
+                # destroying a semaphore with waits outstanding: release them first.
+                _release(ready, frames)
+            drained = True
+            with anyio.move_on_after(5 if ok else 1):
+                for st in streams:
+                    with contextlib.suppress(AiocudasemError):
+                        await st.wait_complete()
+            for st in streams:
+                with contextlib.suppress(AiocudasemError):  # a fault took them all anyway
+                    drained &= st.query()
+                st._close_now()
+            for sem in [ready_sem, *done_sems]:
+                if drained:
+                    await sem.aclose()
+                else:
+                    # CUDA forbids destroying a semaphore that a GPU wait still uses; a leak
+                    # is the safe choice when the producer cannot be released.
+                    sem._finalizer.detach()
+
+
+def _release(ready: _Producer, frames: int) -> None:
+    with contextlib.suppress(Exception):
+        vk_device = getattr(ready, "device", None)  # Vulkan: let pending queue signals land
+        if vk_device is not None:
+            vk_device.wait_idle()
+        if ready.value < frames:  # type: ignore[attr-defined]
+            ready.signal(frames)
 
 
 def report(result: DemoResult, say: Callable[[str], None] = print) -> None:
@@ -284,7 +324,7 @@ def main(
         say(f"event loop: {backend}")
         name, _, opt = backend.partition("+")
         result = anyio.run(go, backend=name, backend_options={"use_uvloop": True} if opt else {})
-    except (AiocudasemError, RuntimeError, ValueError) as exc:
+    except (AiocudasemError, RuntimeError, ValueError, TimeoutError) as exc:
         print(f"demo FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     report(result, say)

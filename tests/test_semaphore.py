@@ -167,7 +167,9 @@ async def test_entry_validation(sim: SimDriver) -> None:
 def test_uint64_range_is_enforced(value: int) -> None:
     sim = SimDriver(devices=1)
     producer = sim.create_semaphore()
-    sem = acs.import_semaphore(acs.HandleType.TIMELINE_SEMAPHORE_FD, producer.export_fd(), driver=sim)
+    sem = acs.import_semaphore(
+        acs.HandleType.TIMELINE_SEMAPHORE_FD, producer.export_fd(), driver=sim
+    )
     try:
         if 0 <= value < U64:
             assert acs.Wait(sem, value).value == value
@@ -219,7 +221,9 @@ async def test_binary_wait_consumes_one_signal(sim: SimDriver) -> None:
     await sem.aclose()
 
 
-async def test_batch_wait_is_one_driver_call(sim: SimDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_batch_wait_is_one_driver_call(
+    sim: SimDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
     a, pa = import_sim_semaphore(sim)
     b, pb = import_sim_semaphore(sim)
     c, pc = import_sim_semaphore(sim, timeline=False)

@@ -444,11 +444,11 @@ class SimDriver:
 
     def destroy_semaphore(self, sem: int) -> None:
         with self._lock:
-            s = self._sems.pop(sem, None)
+            s = self._sems.get(sem)
             if s is None:
                 raise _error(_INVALID_HANDLE, "cuDestroyExternalSemaphore")
             self._check_device(self._sem_devices[sem], "cuDestroyExternalSemaphore")
-            del self._sem_devices[sem]
+            del self._sems[sem], self._sem_devices[sem]
             s.imported -= 1
 
     def _sem_ops(
