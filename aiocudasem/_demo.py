@@ -122,9 +122,9 @@ async def run_demo(
     device: int = 0,
     say: Callable[[str], None] = print,
     wait_for_reuse: bool = True,
-    timeout: float | None = None,
+    give_up_after: float | None = None,
 ) -> DemoResult:
-    """Run the pipeline and verify every frame; give up after ``timeout`` seconds (default:
+    """Run the pipeline and verify every frame; give up after ``give_up_after`` seconds (default:
     generous for ``frames``). ``wait_for_reuse=False`` breaks the producer's side of the
     protocol on purpose (tests use it to prove the check fails)."""
     if not 1 <= consumers <= 64 or not 1 <= buffers <= 64 or frames < 1:
@@ -163,7 +163,7 @@ async def run_demo(
                 signal_ready,
                 say,
                 wait_for_reuse,
-                max(60.0, frames * 0.05) if timeout is None else timeout,
+                max(60.0, frames * 0.05) if give_up_after is None else give_up_after,
             )
     finally:
         driver.free_pinned(buf_ptr)
@@ -186,7 +186,7 @@ async def _pipeline(
     signal_ready: Callable[[int, _Producer], None],
     say: Callable[[str], None],
     wait_for_reuse: bool,
-    timeout: float,
+    give_up_after: float,
 ) -> DemoResult:
     ready_sem = _import(driver, device, ready)
     done_sems: list[ExternalSemaphore] = []
@@ -232,7 +232,7 @@ async def _pipeline(
         start = time.perf_counter()
         thread.start()
         try:
-            with anyio.fail_after(timeout):
+            with anyio.fail_after(give_up_after):
                 async with anyio.create_task_group() as tg:
                     for k in range(consumers):
                         tg.start_soon(consume, k)

@@ -11,8 +11,8 @@ A *point* is an event recorded on a work stream. Awaiting it goes through up to 
    fd and wakes the others; when it leaves (done or cancelled) it hands the role to another.
 
 The drainer also runs the watchdog: CUDA never calls a host function after a context error, so
-every ``watchdog`` seconds it asks the driver whether the devices it waits on have faulted, and
-fails their points with :class:`DeviceFaultError`.
+at least every ``watchdog`` seconds while coroutines are parked it asks the driver whether the
+devices they wait on have faulted, and fails their points with :class:`DeviceFaultError`.
 
 There is one :class:`Notifier` per event-loop run (an anyio ``RunVar``), with one fd.
 """
@@ -173,12 +173,15 @@ class Point:
         "error",
         "event",
         "pooled",
+        "seq",
         "sleepers",
         "started",
         "stream",
         "token",
         "waiting",
     )
+
+    _seq = itertools.count()
 
     def __init__(self, driver: Driver, device: int, stream: int, event: int, pooled: bool) -> None:
         self.driver = driver
@@ -192,6 +195,7 @@ class Point:
         self.sleepers: list[anyio.Event] = []
         self.waiting = 0  # coroutines inside wait()
         self.started = time.perf_counter()
+        self.seq = next(Point._seq)  # creation order, which is FIFO order within a stream
 
     def _finish(self, error: AiocudasemError | None) -> None:
         if self.done:
@@ -221,16 +225,24 @@ class Notifier:
         self._c = _notify.Notifier()
         self._fd = self._c.fileno()
         self._tokens = itertools.count(1)
-        self._armed: dict[int, Point] = {}
+        self._armed: dict[int, Point] = {}  # token -> the point its host function follows
+        # Parked points per work stream. Only the oldest of each has a host function: streams
+        # are FIFO, so when it fires the others are checked with a query, and a crowd of
+        # waiters on one stream costs one host function, not one each.
+        self._chains: dict[tuple[Driver, int], list[Point]] = {}
         self._parked: dict[anyio.Event, None] = {}  # sleeping coroutines, oldest first
         self._drainer = False
         self._spinners = 0
-        self._recent: dict[tuple[int, int], float] = {}  # (driver, stream) -> recent wait time
+        self._recent: dict[tuple[int, int], float] = {}
+        self._checked = (
+            time.monotonic()
+        )  # last watchdog run  # (driver, stream) -> recent wait time
 
     def stats(self) -> dict[str, int]:
         """Counters for tests and the benchmarks."""
         out = self._c.stats()
         out["armed"] = len(self._armed)
+        out["chained"] = sum(len(c) for c in self._chains.values())
         out["parked"] = len(self._parked)
         return out
 
@@ -257,10 +269,12 @@ class Notifier:
                 await anyio.lowlevel.cancel_shielded_checkpoint()
         finally:
             point.waiting -= 1
-            if not point.done and point.waiting == 0 and not point.token and point.pooled:
-                # Abandoned before arming: nobody will query this event again.
-                point.pooled = False
-                event_pool.give(point.driver, point.device, point.event)
+            if not point.done and point.waiting == 0 and not point.token:
+                # Abandoned without a host function of its own: nobody will query it again.
+                self._unchain(point)
+                if point.pooled:
+                    point.pooled = False
+                    event_pool.give(point.driver, point.device, point.event)
         point._raise_if_failed()
 
     def _query(self, point: Point) -> bool:
@@ -308,8 +322,20 @@ class Notifier:
             self._spinners -= 1
 
     def _arm(self, point: Point) -> None:
-        if point.token:
+        """Make sure ``point`` will be woken: join its stream's chain, and launch a host
+        function for it if the chain has none outstanding."""
+        if point.token or point.done:
             return
+        key = (point.driver, point.stream)
+        chain = self._chains.get(key)
+        if chain is None:
+            chain = self._chains[key] = []
+        if point not in chain:
+            chain.append(point)
+        if not any(p.token for p in chain):
+            self._launch(point)
+
+    def _launch(self, point: Point) -> None:
         drv = point.driver
         side = side_streams.get(drv, point.device, point.stream)
         token = next(self._tokens)
@@ -319,6 +345,7 @@ class Notifier:
             drv.launch_host_func(side, _notify.HOST_FN, user)
         except AiocudasemError as exc:
             self._c.disarm(user)
+            self._unchain(point)
             point._finish(exc)
             return
         except BaseException:
@@ -326,6 +353,30 @@ class Notifier:
             raise
         point.token = token
         self._armed[token] = point
+
+    def _unchain(self, point: Point) -> None:
+        key = (point.driver, point.stream)
+        chain = self._chains.get(key)
+        if chain is not None:
+            if point in chain:
+                chain.remove(point)
+            if not chain:
+                del self._chains[key]
+
+    def _advance(self, key: tuple[Driver, int]) -> None:
+        """The chain's host function fired: finish every point that is done, and give the
+        oldest remaining one the next host function."""
+        chain = self._chains.get(key)
+        if chain is None:
+            return
+        remaining = [p for p in chain if not p.done and not self._query(p)]
+        if not remaining:
+            del self._chains[key]
+            return
+        remaining.sort(key=lambda p: p.seq)
+        self._chains[key] = remaining
+        if not any(p.token for p in remaining):
+            self._launch(remaining[0])
 
     async def _park(self, point: Point) -> None:
         sleeper = anyio.Event()
@@ -363,10 +414,13 @@ class Notifier:
                 return
 
     async def _drain_once(self) -> None:
-        with anyio.move_on_after(_tuning.watchdog) as scope:
+        period = _tuning.watchdog
+        with anyio.move_on_after(max(0.0, self._checked + period - time.monotonic())):
             await anyio.wait_readable(self._fd)
         self._complete(self._c.drain())
-        if scope.cancelled_caught:
+        # By elapsed time, so that a busy device cannot postpone the check of a faulted one.
+        if time.monotonic() - self._checked >= period:
+            self._checked = time.monotonic()
             self._watchdog()
 
     def _complete(self, tokens: list[int]) -> None:
@@ -374,25 +428,33 @@ class Notifier:
         for token in tokens:
             point = armed.pop(token, None)
             if point is not None:
-                self._learn(point)
-                point._finish(None)
+                point.token = 0
+                if not point.done:
+                    self._learn(point)
+                    point._finish(None)
+                self._advance((point.driver, point.stream))
 
     def _watchdog(self) -> None:
         checked: dict[tuple[int, int], AiocudasemError | None] = {}
-        for token, point in list(self._armed.items()):
-            key = (id(point.driver), point.device)
-            if key not in checked:
+        for key, chain in list(self._chains.items()):
+            head = chain[0]
+            dev = (id(head.driver), head.device)
+            if dev not in checked:
                 try:
-                    point.driver.check_health(point.device)
-                    checked[key] = None
+                    head.driver.check_health(head.device)
+                    checked[dev] = None
                 except AiocudasemError as exc:
-                    checked[key] = exc
-            err = checked[key]
-            if err is not None:
-                # The host function will never run: drop the point. Its C node is leaked on
-                # purpose (see _notify.c), and so is its event.
-                del self._armed[token]
-                point.pooled = False
+                    checked[dev] = exc
+            err = checked[dev]
+            if err is None:
+                continue
+            # The host functions will never run: drop the chain. Their C nodes are leaked on
+            # purpose (see _notify.c), and so are the events of armed points.
+            del self._chains[key]
+            for point in chain:
+                if point.token:
+                    self._armed.pop(point.token, None)
+                    point.pooled = False
                 point._finish(err)
 
 

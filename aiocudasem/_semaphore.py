@@ -6,9 +6,10 @@ import ctypes
 import enum
 import os
 import sys
+import warnings
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 
@@ -113,6 +114,11 @@ class ExternalSemaphore:
     """
 
     __slots__ = ("__weakref__", "_device", "_driver", "_finalizer", "_handle", "_type")
+    _device: int
+    _driver: Driver
+    _finalizer: weakref.finalize[..., Any]
+    _handle: int
+    _type: HandleType
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("use aiocudasem.import_semaphore() to import an external semaphore")
@@ -162,7 +168,7 @@ class ExternalSemaphore:
         return self._handle
 
     async def aclose(self) -> None:
-        """Destroy the imported semaphore. Idempotent; not a checkpoint when already closed.
+        """Destroy the imported semaphore. Idempotent, and always a checkpoint.
 
         Waits and signals already enqueued must have completed: CUDA requires it. The
         semaphore's underlying object (the Vulkan one, say) is not affected.
@@ -207,7 +213,11 @@ class ExternalSemaphore:
         Cancellation cannot take back the enqueued GPU wait: it will still consume the next
         signal. Raises ``TypeError`` for a timeline semaphore.
         """
-        if self.is_timeline or self._type in _KEYED_MUTEX_TYPES:
+        if (
+            self.is_timeline
+            or self._type in _KEYED_MUTEX_TYPES
+            or self._type == HandleType.NVSCISYNC
+        ):
             raise TypeError(
                 f"wait_signaled() needs a binary semaphore; this one is {self._type.name}: "
                 "use wait_value(n) for a timeline semaphore"
@@ -216,25 +226,22 @@ class ExternalSemaphore:
 
 
 def _release_semaphore(driver: Driver, handle: int, collected: bool) -> None:
-    if collected:
-        import warnings
-
-        warnings.warn(
-            "an ExternalSemaphore was collected without aclose(); it was destroyed now",
-            ResourceWarning,
-            stacklevel=1,
-        )
     try:
         driver.destroy_semaphore(handle)
     except DeviceFaultError:
         pass  # the faulted context took the semaphore with it
     except AiocudasemError as exc:
-        if collected:
-            import warnings
-
-            warnings.warn(f"destroying an external semaphore failed: {exc}", RuntimeWarning)
-        else:
+        if not collected:
             raise
+        warnings.warn(
+            f"destroying an external semaphore failed: {exc}", RuntimeWarning, stacklevel=1
+        )
+    if collected:  # after the release, so that warnings-as-errors cannot skip it
+        warnings.warn(
+            "an ExternalSemaphore was collected without aclose(); it was destroyed now",
+            ResourceWarning,
+            stacklevel=1,
+        )
 
 
 def import_semaphore(
@@ -267,8 +274,10 @@ def import_semaphore(
         ) from None
     if isinstance(handle_type, bool):
         raise TypeError("handle_type must be a HandleType")
-    if not isinstance(device, int) or isinstance(device, bool) or device < 0:
-        raise ValueError(f"device must be an ordinal >= 0, not {device!r}")
+    if not isinstance(device, int) or isinstance(device, bool):
+        raise TypeError(f"device must be an int ordinal, not {type(device).__name__}")
+    if device < 0:
+        raise ValueError(f"device must be an ordinal >= 0, not {device}")
     name_buf: ctypes.Array[ctypes.c_wchar] | None = None
     if kind in _FD_TYPES:
         if name is not None:

@@ -10,7 +10,7 @@ import anyio
 import anyio.lowlevel
 
 from ._driver import Driver
-from ._errors import AiocudasemError, DeviceFaultError
+from ._errors import AiocudasemError, DeviceFaultError, DeviceMismatchError
 from ._notifier import Point, current_notifier, event_pool, side_streams
 from ._semaphore import Signal, Wait, check_same_device, resolve_driver
 
@@ -35,6 +35,11 @@ class Stream:
     """
 
     __slots__ = ("__weakref__", "_device", "_driver", "_finalizer", "_handle", "_owned")
+    _device: int
+    _driver: Driver
+    _finalizer: weakref.finalize[..., Any]
+    _handle: int
+    _owned: bool
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("use aiocudasem.open_stream() or Stream.adopt() to get a Stream")
@@ -59,6 +64,8 @@ class Stream:
         handle, and :class:`DeviceMismatchError` for a stream outside a primary context.
         """
         if isinstance(stream, Stream):
+            if driver is not None and resolve_driver(driver) is not stream._driver:
+                raise DeviceMismatchError(f"{stream!r} belongs to another driver")
             return stream
         handle = _stream_handle(stream)
         drv = resolve_driver(driver)
@@ -119,8 +126,6 @@ class Stream:
         if not isinstance(event, Event):
             raise TypeError(f"expected an aiocudasem.Event, not {type(event).__name__}")
         if event._stream._driver is not self._driver:
-            from ._errors import DeviceMismatchError
-
             raise DeviceMismatchError("the event and the stream belong to different drivers")
         self._driver.stream_wait_event(self.handle, event.handle)
 
@@ -220,12 +225,6 @@ class Stream:
 def _release_stream(driver: Driver, handle: int, owned: bool, collected: bool) -> None:
     if not owned:
         return
-    if collected:
-        warnings.warn(
-            "an aiocudasem Stream was collected without aclose(); it was destroyed now",
-            ResourceWarning,
-            stacklevel=1,
-        )
     try:
         side_streams.drop(driver, handle)
         driver.stream_destroy(handle)
@@ -235,6 +234,12 @@ def _release_stream(driver: Driver, handle: int, owned: bool, collected: bool) -
         if not collected:
             raise
         warnings.warn(f"destroying a stream failed: {exc}", RuntimeWarning, stacklevel=1)
+    if collected:  # after the release, so that warnings-as-errors cannot skip it
+        warnings.warn(
+            "an aiocudasem Stream was collected without aclose(); it was destroyed now",
+            ResourceWarning,
+            stacklevel=1,
+        )
 
 
 def _stream_handle(obj: object) -> int:
@@ -246,7 +251,7 @@ def _stream_handle(obj: object) -> int:
             and len(value) == 2
             and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
         ):
-            return value[1]
+            return int(value[1])
         raise TypeError(
             f"__cuda_stream__ of {type(obj).__name__} returned {value!r}, not a "
             "(version, handle) pair of ints"
@@ -278,6 +283,10 @@ class Event:
     """
 
     __slots__ = ("__weakref__", "_finalizer", "_handle", "_point", "_stream")
+    _finalizer: weakref.finalize[..., Any]
+    _handle: int
+    _point: Point
+    _stream: Stream
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("use Stream.record() to get an Event")
@@ -312,7 +321,10 @@ class Event:
         await current_notifier().wait(self._point)
 
     def close(self) -> None:
-        """Destroy the event. Idempotent. Pending waits on it still complete."""
+        """Destroy the event. Idempotent. Raises ``BusyResourceError`` while a coroutine
+        waits on it: close it once those waits are over."""
+        if self._point.waiting and not self._point.done:
+            raise anyio.BusyResourceError("waiting on")
         if self._finalizer.alive:
             self._finalizer()
 
@@ -320,6 +332,8 @@ class Event:
 def _release_event(driver: Driver, handle: int) -> None:
     try:
         driver.event_destroy(handle)
+    except DeviceFaultError:
+        pass  # the faulted context took the event with it
     except AiocudasemError as exc:
         warnings.warn(f"destroying an event failed: {exc}", RuntimeWarning, stacklevel=1)
 

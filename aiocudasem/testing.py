@@ -43,5 +43,9 @@ def hold(stream: Stream) -> threading.Event:
     if not isinstance(driver, SimDriver):
         raise TypeError("hold() needs a stream of the simulated device")
     gate = threading.Event()
-    driver.launch(stream.handle, gate.wait)
+
+    def kernel() -> None:
+        gate.wait()
+
+    driver.launch(stream.handle, kernel)
     return gate

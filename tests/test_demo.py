@@ -24,7 +24,12 @@ async def test_demo_verifies_every_frame(sim: SimDriver) -> None:
 async def test_demo_catches_a_broken_handoff(sim: SimDriver) -> None:
     with pytest.raises(RuntimeError, match="failed verification"):
         await run_demo(
-            sim, frames=30, consumers=2, buffers=1, words=256, say=lambda _: None,
+            sim,
+            frames=30,
+            consumers=2,
+            buffers=1,
+            words=256,
+            say=lambda _: None,
             wait_for_reuse=False,
         )
 
@@ -43,7 +48,7 @@ class _DeadProducerSim(SimDriver):
 async def test_demo_with_a_dead_producer_fails_without_hanging() -> None:
     sim = _DeadProducerSim()
     with anyio.fail_after(30), pytest.raises(TimeoutError):
-        await run_demo(sim, frames=8, words=64, say=lambda _: None, timeout=0.3)
+        await run_demo(sim, frames=8, words=64, say=lambda _: None, give_up_after=0.3)
 
 
 @pytest.mark.parametrize(

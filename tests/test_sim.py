@@ -83,7 +83,7 @@ class Sim:
 
     def worker(self, stream: int) -> threading.Thread | None:
         """The stream's worker thread (an implementation detail, used to join it)."""
-        name = f"aiocudasem-sim-{stream:#x}"
+        name = f"aiocudasem-sim-{id(self.drv):x}-{stream:#x}"
         return next((t for t in threading.enumerate() if t.name == name), None)
 
     def close(self) -> None:

@@ -179,9 +179,9 @@ class CudaDriver:
 
     def stream_device(self, stream: int) -> int:
         d = self._d
-        if stream in (0, 1, 2):  # NULL, legacy and per-thread streams: the current device's
-            if d.ctx_get_current() == 0:
-                self._use(0)
+        # NULL, legacy and per-thread streams belong to the current context's device.
+        if stream in (0, 1, 2) and d.ctx_get_current() == 0:
+            self._use(0)
         try:
             dev = int(d.stream_get_device(stream))
             ctx = int(d.stream_get_ctx(stream))

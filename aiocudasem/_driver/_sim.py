@@ -72,8 +72,19 @@ class _Semaphore:
         self.exported: set[int] = set()
 
 
-def _consume(sem: _Semaphore) -> None:
-    sem.value = 0
+def _signalled(sem: _Semaphore) -> Callable[[], bool]:
+    return lambda: sem.value >= 1
+
+
+def _consumer(sem: _Semaphore) -> Callable[[], None]:
+    def consume() -> None:
+        sem.value = 0
+
+    return consume
+
+
+def _reached(sem: _Semaphore, value: int) -> Callable[[], bool]:
+    return lambda: sem.value >= value
 
 
 class _Stream:
@@ -246,7 +257,10 @@ class SimDriver:
         s.submitted += 1
         if s.thread is None:
             s.thread = threading.Thread(
-                target=self._run, args=(s,), name=f"aiocudasem-sim-{s.handle:#x}", daemon=True
+                target=self._run,
+                args=(s,),
+                name=f"aiocudasem-sim-{id(self):x}-{s.handle:#x}",
+                daemon=True,
             )
             s.thread.start()
         s.cond.notify()
@@ -473,11 +487,9 @@ class SimDriver:
                 for sem, op in resolved:
                     if sem.binary:
                         # One wait per signal: test and consume in one critical section.
-                        self._block_until(
-                            s.device, lambda sem=sem: sem.value >= 1, lambda sem=sem: _consume(sem)
-                        )
+                        self._block_until(s.device, _signalled(sem), _consumer(sem))
                     else:
-                        self._block_until(s.device, lambda sem=sem, v=op.value: sem.value >= v)
+                        self._block_until(s.device, _reached(sem, op.value))
 
             self._push(s, wait_all)
 

@@ -276,7 +276,8 @@ async def main():
         async with anyio.create_task_group() as tg:
             for _ in range(5):
                 tg.start_soon(wait)
-    print("woke", len(errors), "statuses", sorted(set(errors)), "after", round(time.perf_counter() - t0, 3))
+    took = round(time.perf_counter() - t0, 3)
+    print("woke", len(errors), "statuses", sorted(set(errors)), "after", took)
     assert len(errors) == 5, errors
 anyio.run(main, backend=sys.argv[1])
 """

@@ -23,9 +23,11 @@ def _handle_of(stream: object) -> object:
 async def test_pytorch_stream(cuda: acs.Driver) -> None:
     torch = pytest.importorskip("torch")
     s = torch.cuda.Stream()
+    x = torch.ones(1 << 20, device="cuda")  # allocate first: cudaMalloc synchronises
+    torch.cuda.synchronize()
     with torch.cuda.stream(s):
-        torch.cuda._sleep(50_000_000)  # tens of ms of GPU cycles
-        x = torch.ones(1 << 20, device="cuda") * 3
+        cuda.launch_spin(s.cuda_stream, 50_000_000)  # 50 ms on PyTorch's stream
+        x *= 3
     assert not s.query()
     with anyio.fail_after(30):
         await acs.wait_stream(_handle_of(s), driver=cuda)
@@ -40,12 +42,12 @@ async def test_cupy_stream(cuda: acs.Driver) -> None:
     cp = pytest.importorskip("cupy")
     s = cp.cuda.Stream(non_blocking=True)
     with s:
-        a = cp.arange(1 << 22, dtype=cp.float32)
+        a = cp.arange(1 << 22, dtype=cp.int64)
         total = a.sum()
     with anyio.fail_after(30):
         await acs.wait_stream(_handle_of(s), driver=cuda)
     assert s.done
-    assert float(total) == float((1 << 22) * ((1 << 22) - 1) / 2)
+    assert int(total) == (1 << 22) * ((1 << 22) - 1) // 2
 
 
 async def test_cuda_core_stream(cuda: acs.Driver) -> None:

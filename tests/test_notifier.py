@@ -1,0 +1,147 @@
+"""The per-loop notifier: coalescing per stream, exact wake-ups, the watchdog under load."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+import aiocudasem as acs
+from aiocudasem._notifier import current_notifier
+from aiocudasem.testing import SimDriver, hold
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def parked() -> Iterator[None]:
+    acs.configure(spin_limit=0)
+    yield
+    acs.configure(spin_limit=acs.Tuning().spin_limit)
+
+
+async def test_a_crowd_on_one_stream_costs_one_host_function(sim: SimDriver, parked: None) -> None:
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        woke = 0
+
+        async def waiter() -> None:
+            nonlocal woke
+            await s.wait_complete()
+            woke += 1
+
+        before = current_notifier().stats()["fired"]
+        async with anyio.create_task_group() as tg:
+            for _ in range(200):
+                tg.start_soon(waiter)
+            await anyio.wait_all_tasks_blocked()
+            assert current_notifier().stats()["chained"] == 200
+            gate.set()
+        assert woke == 200
+        assert current_notifier().stats()["fired"] - before == 1
+        assert current_notifier().stats()["chained"] == 0
+
+
+async def test_chained_points_wake_exactly_not_early(sim: SimDriver, parked: None) -> None:
+    async with acs.open_stream(driver=sim) as s:
+        first = hold(s)
+        woke: list[str] = []
+
+        async def wait(name: str) -> None:
+            await s.wait_complete()
+            woke.append(name)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait, "a")  # waits for `first` only
+            await anyio.wait_all_tasks_blocked()
+            second = hold(s)
+            tg.start_soon(wait, "b")  # waits for `second` as well
+            await anyio.wait_all_tasks_blocked()
+            first.set()
+            with anyio.fail_after(5):
+                while woke != ["a"]:
+                    await anyio.sleep(0.001)
+            await anyio.sleep(0.02)
+            assert woke == ["a"]  # b's work is still gated: not woken early
+            second.set()
+        assert woke == ["a", "b"]
+
+
+async def test_cancelling_the_chain_head_keeps_the_rest(sim: SimDriver, parked: None) -> None:
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        head = anyio.CancelScope()
+        woke: list[int] = []
+
+        async def wait(i: int, scope: anyio.CancelScope | None = None) -> None:
+            with scope or anyio.CancelScope():
+                await s.wait_complete()
+                woke.append(i)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait, 0, head)
+            await anyio.wait_all_tasks_blocked()
+            for i in range(1, 5):
+                tg.start_soon(wait, i)
+            await anyio.wait_all_tasks_blocked()
+            head.cancel()
+            await anyio.wait_all_tasks_blocked()
+            gate.set()
+        assert sorted(woke) == [1, 2, 3, 4]
+
+
+async def test_watchdog_is_not_postponed_by_a_busy_device(sim: SimDriver, parked: None) -> None:
+    faulted = acs.open_stream(0, driver=sim)
+    busy = acs.open_stream(1, driver=sim)
+    hold(faulted)
+    caught: list[float] = []
+
+    async def victim() -> None:
+        with pytest.raises(acs.DeviceFaultError):
+            await faulted.wait_complete()
+        caught.append(anyio.current_time())
+
+    async def keep_busy() -> None:
+        while not caught:
+            sim.launch_spin(busy.handle, 1_000_000)
+            await busy.wait_complete()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(victim)
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(keep_busy)
+        await anyio.sleep(0.01)
+        t0 = anyio.current_time()
+        sim.inject_fault(0)
+        with anyio.fail_after(5):
+            while not caught:
+                await anyio.sleep(0.005)
+    assert caught[0] - t0 < 10 * acs.Tuning().watchdog
+    await busy.aclose()
+    with pytest.raises(acs.DeviceFaultError):
+        await faulted.aclose()
+
+
+async def test_closing_an_event_with_waiters_is_refused(sim: SimDriver, parked: None) -> None:
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        ev = s.record()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ev.wait)
+            await anyio.wait_all_tasks_blocked()
+            with pytest.raises(anyio.BusyResourceError):
+                ev.close()
+            gate.set()
+        ev.close()
+        assert ev.closed
+
+
+async def test_configure_validates() -> None:
+    with pytest.raises(ValueError):
+        acs.configure(spin_limit=-1)
+    with pytest.raises(ValueError):
+        acs.configure(max_spinners=-1)
+    with pytest.raises(ValueError):
+        acs.configure(watchdog=0)
+    assert acs.configure() == acs.configure()
