@@ -97,21 +97,21 @@ class _EventPool:
             weakref.WeakKeyDictionary()
         )
 
-    def take(self, driver: Driver, device: int) -> int:
-        free = self._free.get(driver, {}).get(device)
-        if free:
-            try:
-                return free.pop()
-            except IndexError:  # another thread took the last one
-                pass
-        return driver.event_create(device)
+    def free_list(self, driver: Driver, device: int) -> list[int]:
+        """The free events of ``driver``'s ``device``; callers may keep the list."""
+        return self._free.setdefault(driver, {}).setdefault(device, [])
 
-    def give(self, driver: Driver, device: int, event: int) -> None:
-        free = self._free.setdefault(driver, {}).setdefault(device, [])
-        if len(free) < self._LIMIT:
-            free.append(event)
-        else:
-            driver.event_destroy(event)
+    def take(self, driver: Driver, device: int) -> int:
+        return take_event(driver, device, self.free_list(driver, device))
+
+
+def take_event(driver: Driver, device: int, free: list[int]) -> int:
+    if free:
+        try:
+            return free.pop()
+        except IndexError:  # another thread took the last one
+            pass
+    return driver.event_create(device)
 
 
 class _SideStreams:
@@ -163,8 +163,8 @@ side_streams = _SideStreams()
 
 
 class Point:
-    """A recorded event that coroutines wait for. ``pooled`` events go back to the pool once
-    nobody can query them any more."""
+    """A recorded event that coroutines wait for. A pooled event goes back to its pool once
+    nobody can query it any more."""
 
     __slots__ = (
         "device",
@@ -172,7 +172,7 @@ class Point:
         "driver",
         "error",
         "event",
-        "pooled",
+        "pool",
         "seq",
         "sleepers",
         "started",
@@ -183,12 +183,14 @@ class Point:
 
     _seq = itertools.count()
 
-    def __init__(self, driver: Driver, device: int, stream: int, event: int, pooled: bool) -> None:
+    def __init__(
+        self, driver: Driver, device: int, stream: int, event: int, pool: list[int] | None
+    ) -> None:
         self.driver = driver
         self.device = device
         self.stream = stream
         self.event = event
-        self.pooled = pooled
+        self.pool = pool  # where the event goes once nobody can query it, if it is pooled
         self.done = False
         self.error: AiocudasemError | None = None
         self.token = 0  # non-zero once the host function is armed
@@ -205,9 +207,16 @@ class Point:
         for s in self.sleepers:
             s.set()
         self.sleepers.clear()
-        if self.pooled:
-            self.pooled = False
-            event_pool.give(self.driver, self.device, self.event)
+        self._release_event()
+
+    def _release_event(self) -> None:
+        pool = self.pool
+        if pool is not None:
+            self.pool = None
+            if len(pool) < _EventPool._LIMIT:
+                pool.append(self.event)
+            else:
+                self.driver.event_destroy(self.event)
 
     def _raise_if_failed(self) -> None:
         err = self.error
@@ -255,7 +264,8 @@ class Notifier:
         """Wait until ``point`` completes. Always a checkpoint. Raises what the point failed
         with (``DeviceFaultError`` after a device fault). Cancellation abandons the wait
         only: the point stays armed and other waiters keep their wake-ups."""
-        await anyio.lowlevel.checkpoint_if_cancelled()
+        # Each path below passes a full checkpoint (the spin loop's, the park's, or the one at
+        # the end), so there is no separate cancellation check up front.
         point.waiting += 1
         try:
             scheduled = False
@@ -266,15 +276,13 @@ class Notifier:
             if not point.done:
                 await self._park(point)
             elif not scheduled:
-                await anyio.lowlevel.cancel_shielded_checkpoint()
+                await anyio.lowlevel.checkpoint()
         finally:
             point.waiting -= 1
             if not point.done and point.waiting == 0 and not point.token:
                 # Abandoned without a host function of its own: nobody will query it again.
                 self._unchain(point)
-                if point.pooled:
-                    point.pooled = False
-                    event_pool.give(point.driver, point.device, point.event)
+                point._release_event()
         point._raise_if_failed()
 
     def _query(self, point: Point) -> bool:
@@ -454,7 +462,7 @@ class Notifier:
             for point in chain:
                 if point.token:
                     self._armed.pop(point.token, None)
-                    point.pooled = False
+                    point.pool = None  # its event stays with the dead context
                 point._finish(err)
 
 

@@ -15,7 +15,7 @@ import anyio
 
 from ._driver import Driver, SemaphoreDesc, SemOp, get_driver
 from ._errors import AiocudasemError, CudaError, DeviceFaultError, UnsupportedHandleTypeError
-from ._notifier import Point, current_notifier, event_pool, side_streams
+from ._notifier import Point, current_notifier, event_pool, side_streams, take_event
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -469,13 +469,14 @@ async def _host_wait(entries: list[Wait]) -> None:
     done = False
     try:
         drv.wait_semaphores(ops, stream)
-        event = event_pool.take(drv, device)
+        pool = event_pool.free_list(drv, device)
+        event = take_event(drv, device, pool)
         try:
             drv.event_record(event, stream)
         except BaseException:
-            event_pool.give(drv, device, event)
+            pool.append(event)
             raise
-        await notifier.wait(Point(drv, device, stream, event, pooled=True))
+        await notifier.wait(Point(drv, device, stream, event, pool))
         done = True
     finally:
         if done:

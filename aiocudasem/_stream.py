@@ -11,7 +11,7 @@ import anyio.lowlevel
 
 from ._driver import Driver
 from ._errors import AiocudasemError, DeviceFaultError, DeviceMismatchError
-from ._notifier import Point, current_notifier, event_pool, side_streams
+from ._notifier import Point, current_notifier, event_pool, side_streams, take_event
 from ._semaphore import Signal, Wait, check_same_device, resolve_driver
 
 if TYPE_CHECKING:
@@ -34,8 +34,9 @@ class Stream:
     always checkpoints.
     """
 
-    __slots__ = ("__weakref__", "_device", "_driver", "_finalizer", "_handle", "_owned")
+    __slots__ = ("__weakref__", "_device", "_driver", "_events", "_finalizer", "_handle", "_owned")
     _device: int
+    _events: list[int]
     _driver: Driver
     _finalizer: weakref.finalize[..., Any]
     _handle: int
@@ -51,6 +52,7 @@ class Stream:
         self._device = device
         self._handle = handle
         self._owned = owned
+        self._events = event_pool.free_list(driver, device)
         self._finalizer = weakref.finalize(self, _release_stream, driver, handle, owned, True)
         return self
 
@@ -172,13 +174,14 @@ class Stream:
         """
         handle = self.handle
         drv = self._driver
-        event = event_pool.take(drv, self._device)
+        pool = self._events
+        event = take_event(drv, self._device, pool)
         try:
             drv.event_record(event, handle)
         except BaseException:
-            event_pool.give(drv, self._device, event)
+            pool.append(event)
             raise
-        await current_notifier().wait(Point(drv, self._device, handle, event, pooled=True))
+        await current_notifier().wait(Point(drv, self._device, handle, event, pool))
 
     # -------------------------------------------------------------- lifetime
 
@@ -296,7 +299,7 @@ class Event:
         self = object.__new__(cls)
         self._stream = stream
         self._handle = handle
-        self._point = Point(stream._driver, stream._device, stream._handle, handle, pooled=False)
+        self._point = Point(stream._driver, stream._device, stream._handle, handle, None)
         self._finalizer = weakref.finalize(self, _release_event, stream._driver, handle)
         return self
 

@@ -150,9 +150,10 @@ class CHostFnOnWorkStream(Approach):
 
     def enqueue(self, h: int) -> Point:
         n = current_notifier()
+        pool = event_pool.free_list(self.drv, 0)
         ev = event_pool.take(self.drv, 0)
         self.drv.event_record(ev, h)
-        point = Point(self.drv, 0, h, ev, pooled=True)
+        point = Point(self.drv, 0, h, ev, pool)
         token = next(n._tokens)
         user = n._c.arm(token)
         self.drv.launch_host_func(h, _notify.HOST_FN, user)
@@ -183,9 +184,10 @@ class Aiocudasem(Approach):
 
     def enqueue(self, h: int) -> Point:
         """Record and arm the notification at once (the parked path), for the stall test."""
+        pool = event_pool.free_list(self.drv, 0)
         ev = event_pool.take(self.drv, 0)
         self.drv.event_record(ev, h)
-        point = Point(self.drv, 0, h, ev, pooled=True)
+        point = Point(self.drv, 0, h, ev, pool)
         current_notifier()._arm(point)
         return point
 
@@ -342,21 +344,23 @@ class Bench:
             out.append((time.perf_counter() - t0) / US)
         return out
 
-    async def cpu_parked(self, ap: Approach, waiters: int = 1000, rounds: int = 20) -> float:
-        """CPU seconds per wall second while `waiters` coroutines wait on 10 ms kernels."""
+    async def cpu_parked(self, ap: Approach, waiters: int = 1000) -> float:
+        """CPU cores used while `waiters` coroutines wait on 10 ms kernels: each of 16 streams
+        runs 30 of them back to back, and the CPU is read over a window in the middle, once
+        every coroutine is waiting (process CPU time, all threads, the driver's included)."""
         hs = self.streams[:16]
-
-        async def one(h: int) -> None:
-            await ap.wait(h)
-
-        c0, w0 = time.process_time(), time.perf_counter()
-        for _ in range(rounds):
-            for h in hs:
+        for h in hs:
+            for _ in range(30):
                 self.launch(h, 10_000_000)
-            async with anyio.create_task_group() as tg:
-                for i in range(waiters):
-                    tg.start_soon(one, hs[i % len(hs)])
-        return (time.process_time() - c0) / (time.perf_counter() - w0)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(waiters):
+                tg.start_soon(ap.wait, hs[i % len(hs)])
+            await anyio.sleep(0.05)  # all started and waiting
+            c0, w0 = time.process_time(), time.perf_counter()
+            await anyio.sleep(0.15)
+            cores = (time.process_time() - c0) / (time.perf_counter() - w0)
+        return cores
 
     async def throughput(self, ap: Approach, nstreams: int, seconds: float) -> float:
         hs = self.streams[:nstreams]
@@ -476,7 +480,7 @@ async def measure(b: Bench, ap: Approach, entry: dict[str, Any], n: int, tput_s:
     entry["awaits_per_s_8"] = await b.throughput(ap, 8, tput_s)
     if ap.name not in ("sync", "torch_to_thread", "to_thread"):
         say(f"  {ap.name:<18} CPU while parked ...")
-        entry["cpu_parked"] = await b.cpu_parked(ap, rounds=5 if b.quick else 20)
+        entry["cpu_parked"] = await b.cpu_parked(ap)
     if hasattr(ap, "enqueue") or ap.name == "sync":
         say(f"  {ap.name:<18} work-stream GPU time with the loop busy ...")
         entry["stall_us"] = await b.stall(ap)
