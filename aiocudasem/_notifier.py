@@ -238,7 +238,8 @@ class Notifier:
         # Parked points per work stream. Only the oldest of each has a host function: streams
         # are FIFO, so when it fires the others are checked with a query, and a crowd of
         # waiters on one stream costs one host function, not one each.
-        self._chains: dict[tuple[Driver, int], list[Point]] = {}
+        self._chains: dict[tuple[Driver, int], dict[Point, None]] = {}
+        self._heads: dict[tuple[Driver, int], Point] = {}  # the chain's armed point
         self._parked: dict[anyio.Event, None] = {}  # sleeping coroutines, oldest first
         self._drainer = False
         self._spinners = 0
@@ -305,20 +306,22 @@ class Notifier:
             self._recent.clear()
 
     async def _spin(self, point: Point) -> bool:
-        """Query the point, then spin if this stream's waits tend to be short. Returns whether
-        it passed a schedule point."""
+        """Pass a checkpoint, query the point, then spin if this stream's waits tend to be
+        short. The checkpoint comes first: it gives the GPU a moment, so the first query is
+        more often the last. Returns True (a schedule point was passed)."""
+        await anyio.lowlevel.checkpoint()
+        if point.done or self._query(point):
+            return True
         tuning = _tuning
-        if self._query(point):
-            return False
         recent = self._recent.get((id(point.driver), point.stream))
         if recent is None:
             window = tuning.spin_limit
         elif recent > tuning.spin_limit:
-            return False
+            return True
         else:
             window = min(tuning.spin_limit, 2.0 * recent + 20e-6)
         if window <= 0 or self._spinners >= tuning.max_spinners:
-            return False
+            return True
         deadline = point.started + window
         self._spinners += 1
         try:
@@ -337,10 +340,9 @@ class Notifier:
         key = (point.driver, point.stream)
         chain = self._chains.get(key)
         if chain is None:
-            chain = self._chains[key] = []
-        if point not in chain:
-            chain.append(point)
-        if not any(p.token for p in chain):
+            chain = self._chains[key] = {}
+        chain[point] = None
+        if key not in self._heads:
             self._launch(point)
 
     def _launch(self, point: Point) -> None:
@@ -355,19 +357,20 @@ class Notifier:
             self._c.disarm(user)
             self._unchain(point)
             point._finish(exc)
+            self._advance((drv, point.stream))  # the others still need a host function
             return
         except BaseException:
             self._c.disarm(user)
             raise
         point.token = token
         self._armed[token] = point
+        self._heads[(drv, point.stream)] = point
 
     def _unchain(self, point: Point) -> None:
         key = (point.driver, point.stream)
         chain = self._chains.get(key)
         if chain is not None:
-            if point in chain:
-                chain.remove(point)
+            chain.pop(point, None)
             if not chain:
                 del self._chains[key]
 
@@ -375,16 +378,15 @@ class Notifier:
         """The chain's host function fired: finish every point that is done, and give the
         oldest remaining one the next host function."""
         chain = self._chains.get(key)
-        if chain is None:
+        if chain is None or key in self._heads:
             return
         remaining = [p for p in chain if not p.done and not self._query(p)]
         if not remaining:
-            del self._chains[key]
+            self._chains.pop(key, None)
             return
         remaining.sort(key=lambda p: p.seq)
-        self._chains[key] = remaining
-        if not any(p.token for p in remaining):
-            self._launch(remaining[0])
+        self._chains[key] = dict.fromkeys(remaining)
+        self._launch(remaining[0])
 
     async def _park(self, point: Point) -> None:
         sleeper = anyio.Event()
@@ -400,7 +402,7 @@ class Notifier:
                         self._drainer = False
                 elif sleeper.is_set():
                     # Woken to take over the drainer role, or spuriously: sleep again.
-                    del self._parked[sleeper]
+                    self._parked.pop(sleeper, None)
                     point.sleepers.remove(sleeper)
                     sleeper = anyio.Event()
                     point.sleepers.append(sleeper)
@@ -415,8 +417,12 @@ class Notifier:
                 self._hand_off()
 
     def _hand_off(self) -> None:
-        """Wake one parked coroutine so that it becomes the drainer."""
-        for s in self._parked:
+        """Wake one parked coroutine so that it becomes the drainer. Sleepers already woken
+        are dropped on the way, so a crowd finishing at once costs O(1) each."""
+        parked = self._parked
+        while parked:
+            s = next(iter(parked))
+            del parked[s]
             if not s.is_set():
                 s.set()
                 return
@@ -437,6 +443,9 @@ class Notifier:
             point = armed.pop(token, None)
             if point is not None:
                 point.token = 0
+                key = (point.driver, point.stream)
+                if self._heads.get(key) is point:
+                    del self._heads[key]
                 if not point.done:
                     self._learn(point)
                     point._finish(None)
@@ -445,7 +454,7 @@ class Notifier:
     def _watchdog(self) -> None:
         checked: dict[tuple[int, int], AiocudasemError | None] = {}
         for key, chain in list(self._chains.items()):
-            head = chain[0]
+            head = next(iter(chain))
             dev = (id(head.driver), head.device)
             if dev not in checked:
                 try:
@@ -459,6 +468,7 @@ class Notifier:
             # The host functions will never run: drop the chain. Their C nodes are leaked on
             # purpose (see _notify.c), and so are the events of armed points.
             del self._chains[key]
+            self._heads.pop(key, None)
             for point in chain:
                 if point.token:
                     self._armed.pop(point.token, None)

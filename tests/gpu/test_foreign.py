@@ -27,13 +27,19 @@ async def test_pytorch_stream(cuda: acs.Driver) -> None:
     s = torch.cuda.Stream()
     x = torch.ones(1 << 20, device="cuda")  # allocate first: cudaMalloc synchronises
     torch.cuda.synchronize()
+    h = s.cuda_stream
     with torch.cuda.stream(s):
-        cuda.launch_spin(s.cuda_stream, 50_000_000)  # 50 ms on PyTorch's stream
+        cuda.launch_spin(h, 50_000_000)  # 50 ms on PyTorch's stream
         x *= 3
+    idle_after_launch = cuda.stream_query(h)
     t0 = time.perf_counter()
     with anyio.fail_after(30):
         await acs.wait_stream(_handle_of(s), driver=cuda)
-    assert time.perf_counter() - t0 >= 0.04  # it waited for the kernel on that stream
+    took = time.perf_counter() - t0
+    facts = f"idle after launch: {idle_after_launch}, waited {took * 1e3:.1f} ms, handle {h:#x}, "
+    facts += f"protocol {s.__cuda_stream__() if hasattr(s, '__cuda_stream__') else None}"
+    assert not idle_after_launch, facts
+    assert took >= 0.04, facts  # it waited for the kernel on that stream
     assert s.query()
     assert float(x.sum()) == 3 * (1 << 20)
     # The current stream in one line, as the README shows.
