@@ -25,23 +25,19 @@ def _handle_of(stream: object) -> object:
 async def test_pytorch_stream(cuda: acs.Driver) -> None:
     torch = pytest.importorskip("torch")
     s = torch.cuda.Stream()
-    x = torch.ones(1 << 20, device="cuda")  # allocate first: cudaMalloc synchronises
-    torch.cuda.synchronize()
-    h = s.cuda_stream
+    a = torch.rand(4096, 4096, device="cuda")
+    torch.cuda.synchronize()  # the allocations above synchronise; keep them out of the way
     with torch.cuda.stream(s):
-        cuda.launch_spin(h, 50_000_000)  # 50 ms on PyTorch's stream
-        x *= 3
-    idle_after_launch = cuda.stream_query(h)
+        for _ in range(60):  # tens of ms of PyTorch's own work on its own stream
+            b = a @ a
+    assert not s.query()
     t0 = time.perf_counter()
     with anyio.fail_after(30):
         await acs.wait_stream(_handle_of(s), driver=cuda)
     took = time.perf_counter() - t0
-    facts = f"idle after launch: {idle_after_launch}, waited {took * 1e3:.1f} ms, handle {h:#x}, "
-    facts += f"protocol {s.__cuda_stream__() if hasattr(s, '__cuda_stream__') else None}"
-    assert not idle_after_launch, facts
-    assert took >= 0.04, facts  # it waited for the kernel on that stream
-    assert s.query()
-    assert float(x.sum()) == 3 * (1 << 20)
+    assert s.query()  # PyTorch agrees that its stream is done
+    assert took > 0.005, f"returned after {took * 1e3:.2f} ms"
+    assert torch.isfinite(b).all()
     # The current stream in one line, as the README shows.
     with anyio.fail_after(30):
         await acs.wait_stream(_handle_of(torch.cuda.current_stream()), driver=cuda)
