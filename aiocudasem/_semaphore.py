@@ -6,7 +6,6 @@ import ctypes
 import enum
 import os
 import sys
-import warnings
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -14,8 +13,9 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 
 from ._driver import Driver, SemaphoreDesc, SemOp, get_driver
-from ._errors import AiocudasemError, CudaError, DeviceFaultError, UnsupportedHandleTypeError
+from ._errors import AiocudasemError, CudaError, UnsupportedHandleTypeError
 from ._notifier import Point, current_notifier, event_pool, side_streams, take_event
+from ._release import release
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -226,22 +226,7 @@ class ExternalSemaphore:
 
 
 def _release_semaphore(driver: Driver, handle: int, collected: bool) -> None:
-    try:
-        driver.destroy_semaphore(handle)
-    except DeviceFaultError:
-        pass  # the faulted context took the semaphore with it
-    except AiocudasemError as exc:
-        if not collected:
-            raise
-        warnings.warn(
-            f"destroying an external semaphore failed: {exc}", RuntimeWarning, stacklevel=1
-        )
-    if collected:  # after the release, so that warnings-as-errors cannot skip it
-        warnings.warn(
-            "an ExternalSemaphore was collected without aclose(); it was destroyed now",
-            ResourceWarning,
-            stacklevel=1,
-        )
+    release(lambda: driver.destroy_semaphore(handle), "an ExternalSemaphore", collected)
 
 
 def import_semaphore(

@@ -12,6 +12,7 @@ import anyio.lowlevel
 from ._driver import Driver
 from ._errors import AiocudasemError, DeviceFaultError, DeviceMismatchError
 from ._notifier import Point, current_notifier, event_pool, side_streams, take_event
+from ._release import release
 from ._semaphore import Signal, Wait, check_same_device, resolve_driver
 
 if TYPE_CHECKING:
@@ -228,21 +229,12 @@ class Stream:
 def _release_stream(driver: Driver, handle: int, owned: bool, collected: bool) -> None:
     if not owned:
         return
-    try:
+
+    def destroy() -> None:
         side_streams.drop(driver, handle)
         driver.stream_destroy(handle)
-    except DeviceFaultError:
-        pass  # the faulted context took the stream with it
-    except AiocudasemError as exc:
-        if not collected:
-            raise
-        warnings.warn(f"destroying a stream failed: {exc}", RuntimeWarning, stacklevel=1)
-    if collected:  # after the release, so that warnings-as-errors cannot skip it
-        warnings.warn(
-            "an aiocudasem Stream was collected without aclose(); it was destroyed now",
-            ResourceWarning,
-            stacklevel=1,
-        )
+
+    release(destroy, "an aiocudasem Stream", collected)
 
 
 def _stream_handle(obj: object) -> int:
