@@ -243,10 +243,8 @@ class Notifier:
         self._parked: dict[anyio.Event, None] = {}  # sleeping coroutines, oldest first
         self._drainer = False
         self._spinners = 0
-        self._recent: dict[tuple[int, int], float] = {}
-        self._checked = (
-            time.monotonic()
-        )  # last watchdog run  # (driver, stream) -> recent wait time
+        self._recent: dict[tuple[int, int], float] = {}  # (driver, stream) -> recent wait time
+        self._checked = time.monotonic()  # when the watchdog last ran
 
     def stats(self) -> dict[str, int]:
         """Counters for tests and the benchmarks."""
