@@ -145,3 +145,28 @@ async def test_configure_validates() -> None:
     with pytest.raises(ValueError):
         acs.configure(watchdog=0)
     assert acs.configure() == acs.configure()
+
+
+async def test_pools_are_keyed_by_the_driver_object_not_its_id() -> None:
+    """A driver's free events must never reach another driver, even one that later gets the
+    same id(); and a collected driver's pool must go with it."""
+    import gc
+
+    from aiocudasem._notifier import event_pool
+
+    first = SimDriver(devices=1)
+    async with acs.open_stream(driver=first) as s:
+        await s.wait_complete()  # leaves an event in first's pool
+    pool = event_pool.free_list(first, 0)
+    assert pool
+    second = SimDriver(devices=1)
+    assert event_pool.free_list(second, 0) == []
+    import weakref
+
+    gone = weakref.ref(first)
+    del first, pool
+    gc.collect()
+    assert gone() is None  # the pools hold no strong reference to a driver...
+    assert len([d for d in event_pool._free if d is second]) == 1  # ...and second has its own
+    async with acs.open_stream(driver=second) as s:
+        await s.wait_complete()  # would fail with an invalid handle if it got first's events
