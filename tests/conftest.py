@@ -23,6 +23,18 @@ def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param
 
 
+@pytest.fixture(autouse=True)
+def _unlocked_watchdog() -> Iterator[None]:
+    """anyio's wait_all_tasks_blocked() on asyncio re-samples every 100 ms and waits while any
+    task is runnable; a parked drainer's watchdog wakes every 50 ms by default, and the two can
+    stay in phase for seconds. A period with no small common multiple with 100 ms avoids that."""
+    import aiocudasem
+
+    aiocudasem.configure(watchdog=0.0371)
+    yield
+    aiocudasem.configure(watchdog=aiocudasem.Tuning().watchdog)
+
+
 @pytest.fixture
 def sim() -> Iterator[SimDriver]:
     """A fresh simulated machine with two devices."""
