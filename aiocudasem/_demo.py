@@ -31,7 +31,7 @@ from typing import Protocol
 import anyio
 import numpy as np
 
-from ._driver import SEEN, Driver, frame_word, get_driver
+from ._driver import SEEN, Driver, frame_words, get_driver
 from ._errors import AiocudasemError, DriverUnavailableError
 from ._semaphore import ExternalSemaphore, HandleType, Signal, Wait, import_semaphore
 from ._stream import Stream, open_stream
@@ -211,7 +211,6 @@ async def _pipeline(
         resumed = [0.0] * (frames + 1)
         stop = threading.Event()
         failure: list[BaseException] = []
-        index = np.arange(words, dtype=np.uint64)
 
         def produce() -> None:
             try:
@@ -222,7 +221,7 @@ async def _pipeline(
                         while not owner.wait(reuse, timeout=0.1):
                             if stop.is_set():
                                 return
-                    bufs[n % buffers] = (n * 2654435761 + index) & 0xFFFFFFFF
+                    bufs[n % buffers] = frame_words(n, words)
                     signalled[n] = time.perf_counter()
                     signal_ready(n, ready)
             except BaseException as exc:
@@ -238,7 +237,6 @@ async def _pipeline(
                 if n % max(1, frames // 8) == 0 or n == frames:
                     say(f"  frame {n:>5}/{frames} handed back")
 
-        assert frame_word(3, 5) == ((3 * 2654435761 + 5) & 0xFFFFFFFF)
         thread = threading.Thread(target=produce, name="aiocudasem-demo-producer", daemon=True)
         start = time.perf_counter()
         thread.start()

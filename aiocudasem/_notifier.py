@@ -101,9 +101,6 @@ class _EventPool:
         """The free events of ``driver``'s ``device``; callers may keep the list."""
         return self._free.setdefault(driver, {}).setdefault(device, [])
 
-    def take(self, driver: Driver, device: int) -> int:
-        return take_event(driver, device, self.free_list(driver, device))
-
 
 def take_event(driver: Driver, device: int, free: list[int]) -> int:
     if free:

@@ -33,7 +33,7 @@ import anyio
 
 import aiocudasem as acs
 from aiocudasem import _notify
-from aiocudasem._notifier import Point, current_notifier, event_pool
+from aiocudasem._notifier import Point, current_notifier, event_pool, take_event
 
 US = 1e-6
 KERNEL_NS = 100_000  # the 100 us kernel of the latency benchmark
@@ -151,7 +151,7 @@ class CHostFnOnWorkStream(Approach):
     def enqueue(self, h: int) -> Point:
         n = current_notifier()
         pool = event_pool.free_list(self.drv, 0)
-        ev = event_pool.take(self.drv, 0)
+        ev = take_event(self.drv, 0, pool)
         self.drv.event_record(ev, h)
         point = Point(self.drv, 0, h, ev, pool)
         token = next(n._tokens)
@@ -185,7 +185,7 @@ class Aiocudasem(Approach):
     def enqueue(self, h: int) -> Point:
         """Record and arm the notification at once (the parked path), for the stall test."""
         pool = event_pool.free_list(self.drv, 0)
-        ev = event_pool.take(self.drv, 0)
+        ev = take_event(self.drv, 0, pool)
         self.drv.event_record(ev, h)
         point = Point(self.drv, 0, h, ev, pool)
         current_notifier()._arm(point)

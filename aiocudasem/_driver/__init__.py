@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
 
 from .._errors import DriverUnavailableError
 
@@ -111,6 +113,12 @@ SEEN = 0x10000
 def frame_word(frame: int, i: int) -> int:
     """The value the demo's producer writes at word ``i`` of frame ``frame``."""
     return (frame * 2654435761 + i) & 0xFFFFFFFF
+
+
+def frame_words(frame: int, words: int) -> np.ndarray[Any, np.dtype[np.uint32]]:
+    """All of frame ``frame``: ``frame_word(frame, i)`` for ``i`` in ``range(words)``."""
+    index = np.arange(words, dtype=np.uint64)
+    return ((frame * 2654435761 + index) & 0xFFFFFFFF).astype(np.uint32)
 
 
 _lock = threading.Lock()

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 
 from .._errors import STICKY_STATUSES, CudaError, DeviceFaultError
-from . import SEEN, frame_word
+from . import SEEN, frame_words
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -528,8 +528,7 @@ class SimDriver:
     def launch_check_frame(self, stream: int, src: int, words: int, frame: int, out: int) -> None:
         if not 0 < words < SEEN:
             raise ValueError(f"words must be in [1, {SEEN}), got {words}")
-        expected = (frame * 2654435761 + np.arange(words, dtype=np.uint64)) & 0xFFFFFFFF
-        assert int(expected[0]) == frame_word(frame, 0)
+        expected = frame_words(frame, words)
 
         def check() -> None:
             data = np.ctypeslib.as_array((ctypes.c_uint32 * words).from_address(src))
