@@ -6,11 +6,14 @@
  * queue owned by C, and writes the wake-up fd only when the queue goes from "reported" to
  * "unreported", so a burst of completions costs one write and one loop wake-up.
  *
- * Lifetime: a state lives until it is closed AND no armed host function is outstanding. The
- * host function decrements `pending` only after its last touch of the fd, so close() never
- * closes an fd that a host function is about to write (the fd number could be reused). If a
- * host function is never called (a device fault), the state and its fd are leaked on purpose:
- * a leak is better than a write through a dangling pointer.
+ * Lifetime: the fd belongs to the event loop and is closed by close(), at once, even while host
+ * functions are still outstanding (a cancelled wait on a semaphore that is never signalled
+ * leaves one outstanding forever). That is safe because the host function writes the fd only
+ * while holding the lock and only if the state is not closed, and close() closes the fd under
+ * the same lock: no write can reach an fd number that was closed and reused. The small state
+ * struct itself lives until closed AND no armed host function is outstanding; if a host
+ * function is never called (a device fault), the struct is leaked on purpose: a leak is better
+ * than a write through a dangling pointer.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -53,10 +56,16 @@ static void free_list(node_t *n) {
     }
 }
 
-static void state_destroy(state_t *st) {
-    free_list(st->head);
+static void close_fds(state_t *st) {
+    /* Called with the lock held, once. */
     close(st->rfd);
     if (st->wfd != st->rfd) close(st->wfd);
+    st->rfd = st->wfd = -1;
+}
+
+static void state_destroy(state_t *st) {
+    /* Closed and nothing outstanding: the fds are already closed. */
+    free_list(st->head);
     pthread_mutex_destroy(&st->lock);
     free(st);
 }
@@ -90,11 +99,12 @@ static void drain_fd(int fd) {
 #endif
 }
 
-/* The CUhostFn. Called on the driver's (or the simulator's) thread, without the GIL. */
+/* The CUhostFn. Called on the driver's (or the simulated device's) thread, without the GIL.
+ * The fd is written under the lock: close() closes it under the same lock, so a write never
+ * reaches a closed (and possibly reused) fd number. eventfd and pipe writes are non-blocking. */
 static void host_fn(void *user_data) {
     node_t *n = (node_t *)user_data;
     state_t *st = n->st;
-    int wake = 0;
     int destroy;
 
     pthread_mutex_lock(&st->lock);
@@ -108,14 +118,9 @@ static void host_fn(void *user_data) {
         if (!st->reported) {
             st->reported = 1;
             st->wakeups++;
-            wake = 1;
+            wake_fd(st->wfd);
         }
     }
-    pthread_mutex_unlock(&st->lock);
-
-    if (wake) wake_fd(st->wfd);
-
-    pthread_mutex_lock(&st->lock);
     st->pending--;
     destroy = st->closed && st->pending == 0;
     pthread_mutex_unlock(&st->lock);
@@ -176,6 +181,7 @@ static void notifier_close(NotifierObject *self) {
     st->closed = 1;
     node_t *queued = st->head;
     st->head = st->tail = NULL;
+    close_fds(st);
     int destroy = st->pending == 0;
     pthread_mutex_unlock(&st->lock);
     free_list(queued);
@@ -225,6 +231,22 @@ static PyObject *Notifier_disarm(NotifierObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static void put_back(state_t *st, node_t *n) {
+    /* Return taken nodes to the head of the queue and make sure the fd says so. */
+    if (!n) return;
+    node_t *last = n;
+    while (last->next) last = last->next;
+    pthread_mutex_lock(&st->lock);
+    last->next = st->head;
+    st->head = n;
+    if (!st->tail) st->tail = last;
+    if (!st->reported && !st->closed) {
+        st->reported = 1;
+        wake_fd(st->wfd);
+    }
+    pthread_mutex_unlock(&st->lock);
+}
+
 static PyObject *Notifier_drain(NotifierObject *self, PyObject *Py_UNUSED(ignored)) {
     state_t *st = open_state(self);
     if (!st) return NULL;
@@ -241,32 +263,33 @@ static PyObject *Notifier_drain(NotifierObject *self, PyObject *Py_UNUSED(ignore
     for (node_t *m = n; m; m = m->next) count++;
     PyObject *out = PyList_New(count);
     if (!out) {
-        /* Put the nodes back rather than lose completions. */
-        pthread_mutex_lock(&st->lock);
-        if (n) {
-            node_t *last = n;
-            while (last->next) last = last->next;
-            last->next = st->head;
-            st->head = n;
-            if (!st->tail) st->tail = last;
-        }
-        pthread_mutex_unlock(&st->lock);
+        put_back(st, n); /* rather than lose completions */
         return NULL;
     }
     Py_ssize_t i = 0;
-    while (n) {
-        node_t *next = n->next;
-        PyObject *tok = PyLong_FromUnsignedLongLong(n->token);
+    for (node_t *m = n; m; m = m->next) {
+        PyObject *tok = PyLong_FromUnsignedLongLong(m->token);
         if (!tok) {
             Py_DECREF(out);
-            free_list(n);
+            put_back(st, n);
             return NULL;
         }
         PyList_SET_ITEM(out, i++, tok);
-        free(n);
-        n = next;
     }
+    free_list(n);
     return out;
+}
+
+static PyObject *Notifier_kick(NotifierObject *self, PyObject *Py_UNUSED(ignored)) {
+    /* Wake the loop's fd without a completion (a device fault, a fork). Safe from any thread
+     * that holds the GIL; a closed notifier ignores it. */
+    state_t *st = self->st;
+    if (!st) Py_RETURN_FALSE;
+    pthread_mutex_lock(&st->lock);
+    int open = !st->closed;
+    if (open) wake_fd(st->wfd);
+    pthread_mutex_unlock(&st->lock);
+    return PyBool_FromLong(open);
 }
 
 static PyObject *Notifier_fileno(NotifierObject *self, PyObject *Py_UNUSED(ignored)) {
@@ -300,9 +323,11 @@ static PyMethodDef Notifier_methods[] = {
      "disarm(user_data): release user data whose host function was never enqueued."},
     {"drain", (PyCFunction)Notifier_drain, METH_NOARGS,
      "drain() -> list[int]: consume the wake-up and return the completed tokens, oldest first."},
+    {"kick", (PyCFunction)Notifier_kick, METH_NOARGS,
+     "kick() -> bool: wake the fd without a completion; False if closed."},
     {"fileno", (PyCFunction)Notifier_fileno, METH_NOARGS, "fileno() -> int: the wake-up fd."},
     {"close", (PyCFunction)Notifier_close, METH_NOARGS,
-     "close(): idempotent; the C state is freed once no host function is outstanding."},
+     "close(): idempotent; closes the fd now, frees the state once no host function is outstanding."},
     {"stats", (PyCFunction)Notifier_stats, METH_NOARGS,
      "stats() -> dict: pending, wakeups and fired counters."},
     {NULL, NULL, 0, NULL},

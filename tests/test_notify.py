@@ -254,32 +254,63 @@ def test_close_discards_queued_completions() -> None:
     assert not fd_is_open(fd)
 
 
-def test_close_with_pending_nodes_keeps_fd_until_last_host_call() -> None:
+def _reuse_fd_number(fd: int) -> int:
+    """Open an eventfd that takes the lowest free number, which must be ``fd``."""
+    new = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    if new != fd:
+        os.close(new)
+        pytest.skip(f"fd {fd} was not reused (got {new}); another thread opened fds")
+    return new
+
+
+def test_close_with_pending_nodes_closes_fd_now_and_late_host_calls_write_nothing() -> None:
     n = Notifier()
     fd = n.fileno()
-    ino = os.fstat(fd).st_ino
     a = n.arm(1)
     b = n.arm(2)
     host_fn(n.arm(3))  # queued but undrained: freed by close()
     n.close()
     assert n.closed
-    # Two host functions are outstanding: the fd must stay open, or a late host function could
-    # write into an fd number that was reused.
-    assert os.fstat(fd).st_ino == ino
-    host_fn(a)
-    assert os.fstat(fd).st_ino == ino
-    host_fn(b)  # the last one destroys the state and closes the fd
+    # The loop's fd goes with the loop, even with host functions outstanding (a cancelled wait
+    # on a semaphore that is never signalled keeps one outstanding forever).
     assert not fd_is_open(fd)
+    # A late host function must not write into the fd number, which someone else now owns.
+    reused = _reuse_fd_number(fd)
+    try:
+        host_fn(a)
+        host_fn(b)  # the last one frees the state
+        with pytest.raises(BlockingIOError):
+            os.read(reused, 8)
+    finally:
+        os.close(reused)
 
 
-def test_dealloc_with_pending_node_defers_fd_close() -> None:
+def test_dealloc_with_pending_node_closes_fd_and_state_outlives_it() -> None:
     n = Notifier()
     fd = n.fileno()
     user = n.arm(5)
-    del n  # tp_dealloc closes; the state outlives the object
-    assert fd_is_open(fd)
-    host_fn(user)
+    del n  # tp_dealloc closes; the state outlives the object, the fd does not
     assert not fd_is_open(fd)
+    reused = _reuse_fd_number(fd)
+    try:
+        host_fn(user)
+        with pytest.raises(BlockingIOError):
+            os.read(reused, 8)
+    finally:
+        os.close(reused)
+
+
+def test_kick_wakes_the_fd_without_a_completion() -> None:
+    n = Notifier()
+    try:
+        assert not readable(n.fileno())
+        assert n.kick() is True
+        assert readable(n.fileno())
+        assert n.drain() == []
+        assert not readable(n.fileno())
+    finally:
+        n.close()
+    assert n.kick() is False  # closed: ignored
 
 
 def test_host_call_racing_close_from_threads() -> None:
@@ -384,10 +415,10 @@ def test_host_fn_runs_to_completion_while_another_thread_holds_the_gil() -> None
         last = n.arm(100)
     finally:
         n.close()
-    # The closed path: the last host function frees the state and closes the fd.
-    assert fd_is_open(fd)
-    assert _run_in_c_thread_holding_the_gil(_notify.HOST_FN, last, TIMEOUT) == 0
+    # The closed path: the fd is gone with close(); the last host function frees the state.
     assert not fd_is_open(fd)
+    assert _run_in_c_thread_holding_the_gil(_notify.HOST_FN, last, TIMEOUT) == 0
+    assert n.closed
 
 
 def test_host_fn_from_threads_while_main_thread_runs_python(notifier: Notifier) -> None:
