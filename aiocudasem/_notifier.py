@@ -8,35 +8,52 @@ A *point* is an event recorded on a work stream. Awaiting it goes through up to 
 2. **Park**: arm the C host function. It runs on a *side stream* that waits for the event, so
    the work stream never stalls on a host function. The host function appends a token to the C
    queue and wakes the loop's one fd. One of the parked coroutines, the *drainer*, waits on the
-   fd and wakes the others; when it leaves (done or cancelled) it hands the role to another.
+   fd and wakes the others; when it leaves (done or cancelled) it first delivers whatever is
+   queued, then hands the role to another. A cancelled drainer therefore loses nobody's wake-up.
 
-The drainer also runs the watchdog: CUDA never calls a host function after a context error, so
-at least every ``watchdog`` seconds while coroutines are parked it asks the driver whether the
-devices they wait on have faulted, and fails their points with :class:`DeviceFaultError`.
+A parked loop is woken by a completion or by a device fault, never by a timer. CUDA never calls
+a host function after a context error, so one process-wide *watchdog thread* checks, every
+``Tuning.watchdog`` seconds and only while coroutines are parked, the devices they wait on. When
+one has faulted it flags the loops parked on it and kicks their fds; their drainers then fail
+the affected points with :class:`DeviceFaultError`. The watchdog is never the path by which an
+ordinary completion is noticed.
 
-There is one :class:`Notifier` per event-loop run (an anyio ``RunVar``), with one fd.
+There is one :class:`Notifier` per event-loop run (an anyio ``RunVar``), with one fd. It is
+closed when its loop ends (through the loop's async-generator finalization, which asyncio,
+uvloop and trio all run at shutdown), not by the garbage collector.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
+import os
 import threading
 import time
 import weakref
 from collections import OrderedDict
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
 
 import anyio
 import anyio.lowlevel
 
-from . import _notify
-from ._errors import AiocudasemError, DeviceFaultError
+from . import _notify, _release
+from ._errors import AiocudasemError, CudaError, DriverUnavailableError
 
 if TYPE_CHECKING:
     from ._driver import Driver
 
-__all__ = ("Point", "Tuning", "configure", "current_notifier", "event_pool", "side_streams")
+__all__ = (
+    "Point",
+    "Tuning",
+    "configure",
+    "current_notifier",
+    "destroy_stream",
+    "event_pool",
+    "side_streams",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +65,28 @@ class Tuning:
     spin_limit: float = 250e-6
     #: At most this many coroutines per event loop spin at once; the rest park at once.
     max_spinners: int = 8
-    #: How often a parked drainer checks the devices it waits on for a sticky error, in seconds.
+    #: How often the watchdog thread checks the devices that parked coroutines wait on for a
+    #: sticky error, in seconds: the bound on how long a device fault goes unnoticed.
     watchdog: float = 0.05
 
 
 _tuning = Tuning()
+
+_SPIN_LIMIT_MAX: Final = 60.0
+_SPINNERS_MAX: Final = 1 << 16
+_WATCHDOG_RANGE: Final = (0.001, 60.0)
+
+
+def _seconds(name: str, value: object, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int too large for a float
+        seconds = math.inf
+    if not (math.isfinite(seconds) and low <= seconds <= high):
+        raise ValueError(f"{name} must be in [{low:g}, {high:g}] seconds, got {value!r}")
+    return seconds
 
 
 def configure(
@@ -63,24 +97,26 @@ def configure(
 ) -> Tuning:
     """Change the wait strategy for the whole process and return the new settings.
 
-    Unset arguments keep their value. Raises ``ValueError`` for a negative ``spin_limit``, a
-    ``max_spinners`` below 0 or a ``watchdog`` that is not positive.
+    Unset arguments keep their value. ``spin_limit`` is in [0, 60] seconds, ``max_spinners`` an
+    int in [0, 65536] and ``watchdog`` in [0.001, 60] seconds. Raises ``TypeError`` for a value
+    of the wrong type (a bool included) and ``ValueError`` for one out of range.
     """
     global _tuning
     new = _tuning
     if spin_limit is not None:
-        if not spin_limit >= 0:
-            raise ValueError("spin_limit must be >= 0 seconds")
-        new = replace(new, spin_limit=float(spin_limit))
+        new = replace(new, spin_limit=_seconds("spin_limit", spin_limit, 0.0, _SPIN_LIMIT_MAX))
     if max_spinners is not None:
-        if not isinstance(max_spinners, int) or max_spinners < 0:
-            raise ValueError("max_spinners must be an int >= 0")
+        if isinstance(max_spinners, bool) or not isinstance(max_spinners, int):
+            raise TypeError(f"max_spinners must be an int, not {type(max_spinners).__name__}")
+        if not 0 <= max_spinners <= _SPINNERS_MAX:
+            raise ValueError(f"max_spinners must be in [0, {_SPINNERS_MAX}], got {max_spinners}")
         new = replace(new, max_spinners=max_spinners)
     if watchdog is not None:
-        if not watchdog > 0:
-            raise ValueError("watchdog must be > 0 seconds")
-        new = replace(new, watchdog=float(watchdog))
+        new = replace(new, watchdog=_seconds("watchdog", watchdog, *_WATCHDOG_RANGE))
+    changed = new.watchdog != _tuning.watchdog
     _tuning = new
+    if changed:
+        _watchdog.poke()
     return new
 
 
@@ -101,6 +137,11 @@ class _EventPool:
         """The free events of ``driver``'s ``device``; callers may keep the list."""
         return self._free.setdefault(driver, {}).setdefault(device, [])
 
+    def _after_fork(self) -> None:
+        # The parent's handles mean nothing here; lists already handed out keep theirs, and
+        # their driver refuses them.
+        self._free = weakref.WeakKeyDictionary()
+
 
 def take_event(driver: Driver, device: int, free: list[int]) -> int:
     if free:
@@ -114,7 +155,10 @@ def take_event(driver: Driver, device: int, free: list[int]) -> int:
 class _SideStreams:
     """One side stream per work stream, shared by every loop of the process. A side stream
     carries only event waits and host functions, so a slow host function never delays the
-    work stream, and waits on different work streams never queue behind each other."""
+    work stream, and waits on different work streams never queue behind each other.
+
+    The lock is never taken from a finalizer (finalizers defer to :mod:`._release`), so the
+    garbage collector running inside a locked section cannot deadlock on it."""
 
     _LIMIT: Final = 1024
 
@@ -154,9 +198,26 @@ class _SideStreams:
         if side is not None:
             driver.stream_destroy(side)
 
+    def count(self, driver: Driver) -> int:
+        with self._lock:
+            return len(self._streams.get(driver, ()))
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+        self._streams = weakref.WeakKeyDictionary()
+
 
 event_pool = _EventPool()
 side_streams = _SideStreams()
+
+
+def destroy_stream(driver: Driver, handle: int) -> None:
+    """Destroy a work stream and the side stream that serves it (CUDA may hand the same handle
+    to a later stream, which must not inherit a side stream with someone else's work)."""
+    try:
+        side_streams.drop(driver, handle)
+    finally:
+        driver.stream_destroy(handle)
 
 
 class Point:
@@ -169,6 +230,7 @@ class Point:
         "driver",
         "error",
         "event",
+        "owner",
         "pool",
         "seq",
         "sleepers",
@@ -191,6 +253,7 @@ class Point:
         self.done = False
         self.error: AiocudasemError | None = None
         self.token = 0  # non-zero once the host function is armed
+        self.owner: Notifier | None = None  # the notifier whose chain or host function has it
         self.sleepers: list[anyio.Event] = []
         self.waiting = 0  # coroutines inside wait()
         self.started = time.perf_counter()
@@ -201,6 +264,7 @@ class Point:
             return
         self.done = True
         self.error = error
+        self.owner = None
         for s in self.sleepers:
             s.set()
         self.sleepers.clear()
@@ -219,8 +283,10 @@ class Point:
         err = self.error
         if err is not None:
             # A fresh exception per waiter, so tracebacks of different tasks don't pile up.
-            if isinstance(err, DeviceFaultError):
-                raise DeviceFaultError(str(err), err.status, err.name)
+            if isinstance(err, CudaError):
+                raise type(err)(str(err), err.status, err.name)
+            if isinstance(err, DriverUnavailableError):
+                raise DriverUnavailableError(str(err), err.status, reason=err.reason)
             raise type(err)(str(err), err.status)
 
 
@@ -238,21 +304,83 @@ class Notifier:
         self._chains: dict[tuple[Driver, int], dict[Point, None]] = {}
         self._heads: dict[tuple[Driver, int], Point] = {}  # the chain's armed point
         self._parked: dict[anyio.Event, None] = {}  # sleeping coroutines, oldest first
-        self._drainer = False
+        self._draining = False
+        self._drain_point: Point | None = None
+        self._drain_scope: anyio.CancelScope | None = None
         self._spinners = 0
         self._recent: dict[tuple[int, int], float] = {}  # (driver, stream) -> recent wait time
-        self._checked = time.monotonic()  # when the watchdog last ran
+        self._watched: dict[tuple[Driver, int], int] = {}  # devices of parked points -> count
+        self._check = False  # set by the watchdog thread: a device parked on has faulted
+        self._wakeups = 0  # times a drainer woke from the fd
+        self._lifetime: AsyncGenerator[None, None] | None = None
+        self.closed = False
+        _live_notifiers.add(self)
 
     def stats(self) -> dict[str, int]:
         """Counters for tests and the benchmarks."""
-        out = self._c.stats()
+        out = self._c.stats() if not self.closed else {"pending": 0, "wakeups": 0, "fired": 0}
         out["armed"] = len(self._armed)
         out["chained"] = sum(len(c) for c in self._chains.values())
         out["parked"] = len(self._parked)
+        out["watched"] = len(self._watched)
+        out["drainer_wakeups"] = self._wakeups
         return out
 
     def fileno(self) -> int:
         return self._fd
+
+    # ------------------------------------------------------------------ lifetime
+
+    def _bind_to_loop(self) -> None:
+        """Close this notifier when the running loop shuts down.
+
+        Every loop finalizes the async generators that were first iterated inside it when it
+        ends: asyncio and uvloop in ``shutdown_asyncgens()`` (``asyncio.run``, ``Runner`` and
+        anyio call it), trio at the end of ``trio.run`` and of a guest run. So a generator
+        started here, whose ``finally`` closes the notifier, ties the notifier to the loop
+        without any event-loop-specific code. It is started synchronously: it yields before
+        awaiting anything."""
+        agen = _lifetime(weakref.ref(self))
+        try:
+            agen.asend(None).send(None)
+        except StopIteration:
+            pass
+        # asyncio keeps only a weak set of generators: hold it for as long as we live.
+        self._lifetime = agen
+
+    def close(self) -> None:
+        """Release the loop's fd and forget every point. Idempotent. Host functions still in
+        flight keep the C state (not the fd) alive until they return. Points armed here may be
+        awaited again from another loop afterwards; their abandoned pooled events go back."""
+        if self.closed:
+            return
+        self.closed = True
+        _live_notifiers.discard(self)
+        for key in self._watched:
+            _watchdog.remove(self, key)
+        self._watched.clear()
+        points: dict[Point, None] = dict.fromkeys(self._armed.values())
+        for chain in self._chains.values():
+            points.update(chain)
+        for p in points:
+            p.token = 0
+            p.owner = None
+            if not p.done and p.waiting == 0:
+                p._release_event()
+        self._armed.clear()
+        self._chains.clear()
+        self._heads.clear()
+        for s in self._parked:
+            s.set()  # a coroutine still parked (the loop is going away) sees `closed`
+        if self._drain_scope is not None:
+            self._drain_scope.cancel()
+        self._c.close()
+
+    def _fault_detected(self) -> None:
+        """From the watchdog thread (or the fork handler): a device that coroutines here are
+        parked on has faulted. Flag it and wake the loop; its drainer does the rest."""
+        self._check = True
+        self._c.kick()
 
     # ------------------------------------------------------------------ waiting
 
@@ -260,6 +388,18 @@ class Notifier:
         """Wait until ``point`` completes. Always a checkpoint. Raises what the point failed
         with (``DeviceFaultError`` after a device fault). Cancellation abandons the wait
         only: the point stays armed and other waiters keep their wake-ups."""
+        owner = point.owner
+        if owner is not None and owner is not self and not point.done:
+            if not owner.closed:
+                await anyio.lowlevel.checkpoint_if_cancelled()
+                exc = anyio.BusyResourceError("waiting on")
+                exc.args = (
+                    "this point is being awaited in another event loop; await an Event from "
+                    "one event loop at a time",
+                )
+                raise exc
+            point.owner = None
+            point.token = 0
         # Each path below passes a full checkpoint (the spin loop's, the park's, or the one at
         # the end), so there is no separate cancellation check up front.
         point.waiting += 1
@@ -275,21 +415,32 @@ class Notifier:
                 await anyio.lowlevel.checkpoint()
         finally:
             point.waiting -= 1
-            if not point.done and point.waiting == 0 and not point.token:
-                # Abandoned without a host function of its own: nobody will query it again.
-                self._unchain(point)
+            if not point.done and point.waiting == 0:
+                if not point.token:
+                    # Abandoned without a host function of its own: nobody will query it again.
+                    self._unchain(point)
+                    point.owner = None
+                # An armed point's host function does not need the event (cuStreamWaitEvent
+                # captured it), and nobody will query an abandoned pooled point: give it back
+                # now rather than when (or if) the host function fires.
                 point._release_event()
         point._raise_if_failed()
+
+    def _finish(self, point: Point, error: AiocudasemError | None) -> None:
+        point._finish(error)
+        if point is self._drain_point and self._drain_scope is not None:
+            # The drainer sleeps on the fd, not on its sleeper: wake it so that it can leave.
+            self._drain_scope.cancel()
 
     def _query(self, point: Point) -> bool:
         try:
             ready = point.driver.event_query(point.event)
         except AiocudasemError as exc:
-            point._finish(exc)
+            self._finish(point, exc)
             return True
         if ready:
             self._learn(point)
-            point._finish(None)
+            self._finish(point, None)
         return ready
 
     def _learn(self, point: Point) -> None:
@@ -332,6 +483,9 @@ class Notifier:
         function for it if the chain has none outstanding."""
         if point.token or point.done:
             return
+        if self.closed:
+            raise anyio.ClosedResourceError("the event loop's notifier is closed")
+        point.owner = self
         key = (point.driver, point.stream)
         chain = self._chains.get(key)
         if chain is None:
@@ -342,8 +496,14 @@ class Notifier:
 
     def _launch(self, point: Point) -> None:
         drv = point.driver
-        side = side_streams.get(drv, point.device, point.stream)
         token = next(self._tokens)
+        try:
+            side = side_streams.get(drv, point.device, point.stream)
+        except AiocudasemError as exc:
+            self._unchain(point)
+            self._finish(point, exc)
+            self._advance((drv, point.stream))
+            return
         user = self._c.arm(token)
         try:
             drv.stream_wait_event(side, point.event)
@@ -351,7 +511,7 @@ class Notifier:
         except AiocudasemError as exc:
             self._c.disarm(user)
             self._unchain(point)
-            point._finish(exc)
+            self._finish(point, exc)
             self._advance((drv, point.stream))  # the others still need a host function
             return
         except BaseException:
@@ -387,16 +547,18 @@ class Notifier:
         sleeper = anyio.Event()
         point.sleepers.append(sleeper)
         self._parked[sleeper] = None
+        self._watch(point)
         try:
             while not point.done:
-                if not self._drainer:
-                    self._drainer = True
-                    try:
-                        await self._drain_once()
-                    finally:
-                        self._drainer = False
+                if self.closed:
+                    raise anyio.ClosedResourceError(
+                        "the event loop is shutting down: its notifier is closed"
+                    )
+                if not self._draining:
+                    await self._drain(point)
                 elif sleeper.is_set():
-                    # Woken to take over the drainer role, or spuriously: sleep again.
+                    # Woken to take over the drainer role, which someone took first, or woken
+                    # spuriously: sleep again.
                     self._parked.pop(sleeper, None)
                     point.sleepers.remove(sleeper)
                     sleeper = anyio.Event()
@@ -408,8 +570,43 @@ class Notifier:
             self._parked.pop(sleeper, None)
             if sleeper in point.sleepers:
                 point.sleepers.remove(sleeper)
-            if not self._drainer:
+            self._unwatch(point)
+            if not self._draining and not self.closed:
+                # Nobody is draining right now. Deliver what is queued before leaving: this
+                # coroutine may have been cancelled before it drained, and the next drainer may
+                # be cancelled too; then hand the role on.
+                self._collect()
                 self._hand_off()
+
+    async def _drain(self, point: Point) -> None:
+        """Be the drainer until ``point`` is done: sleep on the fd, deliver completions."""
+        self._draining = True
+        self._drain_point = point
+        try:
+            while not point.done and not self.closed:
+                with anyio.CancelScope() as scope:
+                    self._drain_scope = scope
+                    if not self._check:
+                        await anyio.wait_readable(self._fd)
+                        self._wakeups += 1
+                self._drain_scope = None
+                self._collect()
+        finally:
+            self._draining = False
+            self._drain_point = None
+            self._drain_scope = None
+
+    def _collect(self) -> None:
+        """Deliver queued completions, and run the fault check if the watchdog asked for it.
+        Non-blocking."""
+        if self.closed:
+            return
+        tokens = self._c.drain()
+        if tokens:
+            self._complete(tokens)
+        if self._check:
+            self._check = False
+            self._check_faults()
 
     def _hand_off(self) -> None:
         """Wake one parked coroutine so that it becomes the drainer. Sleepers already woken
@@ -422,16 +619,6 @@ class Notifier:
                 s.set()
                 return
 
-    async def _drain_once(self) -> None:
-        period = _tuning.watchdog
-        with anyio.move_on_after(max(0.0, self._checked + period - time.monotonic())):
-            await anyio.wait_readable(self._fd)
-        self._complete(self._c.drain())
-        # By elapsed time, so that a busy device cannot postpone the check of a faulted one.
-        if time.monotonic() - self._checked >= period:
-            self._checked = time.monotonic()
-            self._watchdog()
-
     def _complete(self, tokens: list[int]) -> None:
         armed = self._armed
         for token in tokens:
@@ -443,12 +630,31 @@ class Notifier:
                     del self._heads[key]
                 if not point.done:
                     self._learn(point)
-                    point._finish(None)
-                self._advance((point.driver, point.stream))
+                    self._finish(point, None)
+                self._advance(key)
 
-    def _watchdog(self) -> None:
+    def _watch(self, point: Point) -> None:
+        key = (point.driver, point.device)
+        n = self._watched.get(key, 0)
+        self._watched[key] = n + 1
+        if n == 0:
+            _watchdog.add(self, key)
+
+    def _unwatch(self, point: Point) -> None:
+        key = (point.driver, point.device)
+        n = self._watched.get(key, 0) - 1
+        if n > 0:
+            self._watched[key] = n
+        elif n == 0:
+            del self._watched[key]
+            _watchdog.remove(self, key)
+
+    def _check_faults(self) -> None:
+        """Fail every chain whose device reports a sticky error (or can no longer be used)."""
         checked: dict[tuple[int, int], AiocudasemError | None] = {}
         for key, chain in list(self._chains.items()):
+            if not chain:
+                continue
             head = next(iter(chain))
             dev = (id(head.driver), head.device)
             if dev not in checked:
@@ -467,18 +673,124 @@ class Notifier:
             for point in chain:
                 if point.token:
                     self._armed.pop(point.token, None)
+                    point.token = 0
                     point.pool = None  # its event stays with the dead context
-                point._finish(err)
+                self._finish(point, err)
 
+
+async def _lifetime(ref: weakref.ref[Notifier]) -> AsyncGenerator[None, None]:
+    try:
+        yield
+    finally:
+        notifier = ref()
+        if notifier is not None:
+            notifier.close()
+
+
+class _Watchdog:
+    """One process-wide thread that detects device faults for parked loops.
+
+    It runs only while some loop has parked coroutines: then, every ``Tuning.watchdog``
+    seconds, it asks each device they wait on whether its context hit a sticky error, and wakes
+    only the loops parked on a device that did. It also runs the releases that finalizers
+    deferred. It never touches a loop's state beyond setting a flag and kicking its fd."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._watches: dict[tuple[Driver, int], dict[Notifier, None]] = {}
+        self._thread: threading.Thread | None = None
+
+    def add(self, notifier: Notifier, key: tuple[Driver, int]) -> None:
+        with self._lock:
+            idle = not self._watches
+            self._watches.setdefault(key, {})[notifier] = None
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="aiocudasem-watchdog", daemon=True
+                )
+                self._thread.start()
+            elif idle:
+                self._wake.notify()
+
+    def remove(self, notifier: Notifier, key: tuple[Driver, int]) -> None:
+        with self._lock:
+            watchers = self._watches.get(key)
+            if watchers is not None:
+                watchers.pop(notifier, None)
+                if not watchers:
+                    del self._watches[key]
+
+    def watched(self) -> int:
+        with self._lock:
+            return len(self._watches)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._watches:
+                    self._wake.wait()
+            _release.flush()
+            self._check_once()
+            with self._lock:
+                # configure() pokes the condition, so a new, shorter period applies at once.
+                self._wake.wait(_tuning.watchdog)
+
+    def poke(self) -> None:
+        with self._lock:
+            self._wake.notify()
+
+    def _check_once(self) -> None:
+        # A method of its own, so that no driver stays referenced from the sleeping frame.
+        with self._lock:
+            keys = list(self._watches)
+        for key in keys:
+            drv, device = key
+            try:
+                drv.check_health(device)
+            except AiocudasemError:
+                with self._lock:
+                    notifiers = list(self._watches.get(key, ()))
+                for n in notifiers:
+                    n._fault_detected()
+            except Exception:  # a broken driver must not end fault detection for the others
+                continue
+
+
+_watchdog = _Watchdog()
+_live_notifiers: weakref.WeakSet[Notifier] = weakref.WeakSet()
 
 _NOTIFIER: anyio.lowlevel.RunVar[Notifier] = anyio.lowlevel.RunVar("aiocudasem_notifier")
 
 
 def current_notifier() -> Notifier:
-    """The notifier of the running event loop, created on first use."""
+    """The notifier of the running event loop, created on first use and closed when the loop
+    ends."""
+    if _release._deferred:
+        _release.flush()
     try:
-        return _NOTIFIER.get()
+        n = _NOTIFIER.get()
+        if not n.closed:
+            return n
     except LookupError:
-        n = Notifier()
-        _NOTIFIER.set(n)
-        return n
+        pass
+    n = Notifier()
+    n._bind_to_loop()
+    _NOTIFIER.set(n)
+    return n
+
+
+def _after_fork_in_child() -> None:
+    """CUDA cannot be used in a forked child. The drivers refuse every call (see
+    ``_driver``); here the pools forget the parent's handles, the watchdog thread (which did
+    not survive the fork) is replaced, and loops that were parked in the parent are woken so
+    that their waiters fail with the driver's error instead of hanging."""
+    global _watchdog
+    _watchdog = _Watchdog()
+    event_pool._after_fork()
+    side_streams._after_fork()
+    for n in list(_live_notifiers):
+        n._fault_detected()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

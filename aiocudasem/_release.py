@@ -1,28 +1,80 @@
-"""Releasing a driver object from ``aclose()`` or from its ``weakref.finalize`` safety net."""
+"""Releasing a driver object from ``aclose()`` or from its ``weakref.finalize`` safety net.
+
+A finalizer runs inside the garbage collector, in whichever thread happened to allocate, and
+that thread may be holding a lock the release needs: the simulated device's lock while it
+allocates, the side-stream table's lock, a driver's own. Calling the driver from there can
+deadlock. So a finalizer only queues the release (``deque.append`` takes no lock that Python
+code can hold), and :func:`flush` runs the queue at safe points: when the library is next
+entered (a stream or semaphore is created, a wait starts), from the fault watchdog thread, and
+at interpreter exit.
+"""
 
 from __future__ import annotations
 
+import atexit
 import warnings
+from collections import deque
 from collections.abc import Callable
 
-from ._errors import AiocudasemError, DeviceFaultError
+from ._errors import AiocudasemError, DeviceFaultError, DriverUnavailableError
+
+__all__ = ("defer", "flush", "pending", "release")
+
+_deferred: deque[tuple[Callable[[], None], str]] = deque()
 
 
 def release(destroy: Callable[[], None], what: str, collected: bool) -> None:
-    """Run ``destroy``. After a device fault the context already took the object, so that
-    is not an error. From a finalizer (``collected``), other failures become warnings, and a
-    ``ResourceWarning`` follows the release, so that warnings-as-errors cannot skip it."""
+    """Release now (``aclose()``), or, from a finalizer (``collected``), queue the release for
+    :func:`flush` and warn with a ``ResourceWarning``. The queueing comes first, so that
+    warnings-as-errors cannot skip the release."""
+    if not collected:
+        _run(destroy, what, collected=False)
+        return
+    _deferred.append((destroy, what))
+    warnings.warn(
+        f"{what} was collected without aclose(); it is released at the library's next use",
+        ResourceWarning,
+        stacklevel=2,
+    )
+
+
+def defer(destroy: Callable[[], None], what: str) -> None:
+    """From a finalizer of an object that may be left to the collector (an Event): queue its
+    release for :func:`flush`, without a warning."""
+    _deferred.append((destroy, what))
+
+
+def pending() -> int:
+    """How many collected objects wait for :func:`flush`."""
+    return len(_deferred)
+
+
+def flush() -> None:
+    """Release what finalizers queued. Never raises: failures become ``RuntimeWarning``."""
+    while True:
+        try:
+            destroy, what = _deferred.popleft()
+        except IndexError:
+            return
+        try:
+            _run(destroy, what, collected=True)
+        except Exception as exc:  # a warning turned into an error must not stop the queue
+            del exc
+
+
+def _run(destroy: Callable[[], None], what: str, *, collected: bool) -> None:
     try:
         destroy()
     except DeviceFaultError:
-        pass
+        pass  # the faulted context took the object with it
+    except DriverUnavailableError:
+        if not collected:
+            raise
+        # A driver of the parent process, after fork(): the parent still owns the object.
     except AiocudasemError as exc:
         if not collected:
             raise
-        warnings.warn(f"destroying {what} failed: {exc}", RuntimeWarning, stacklevel=2)
-    if collected:
-        warnings.warn(
-            f"{what} was collected without aclose(); it was destroyed now",
-            ResourceWarning,
-            stacklevel=2,
-        )
+        warnings.warn(f"destroying {what} failed: {exc}", RuntimeWarning, stacklevel=3)
+
+
+atexit.register(flush)

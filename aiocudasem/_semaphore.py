@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 
+from . import _release
 from ._driver import Driver, SemaphoreDesc, SemOp, get_driver
 from ._errors import AiocudasemError, CudaError, UnsupportedHandleTypeError
-from ._notifier import Point, current_notifier, event_pool, side_streams, take_event
+from ._notifier import Point, current_notifier, destroy_stream, event_pool, take_event
 from ._release import release
 
 if TYPE_CHECKING:
@@ -251,14 +252,16 @@ def import_semaphore(
     :class:`CudaError` if the driver rejects the handle, and :class:`DriverUnavailableError`
     if the driver cannot run.
     """
+    if isinstance(handle_type, bool) or not isinstance(handle_type, int):
+        raise TypeError(
+            f"handle_type must be an aiocudasem.HandleType, not {type(handle_type).__name__}"
+        )
     try:
         kind = HandleType(handle_type)
     except ValueError:
         raise ValueError(
             f"unknown handle type {handle_type!r}: use a member of aiocudasem.HandleType"
         ) from None
-    if isinstance(handle_type, bool):
-        raise TypeError("handle_type must be a HandleType")
     if not isinstance(device, int) or isinstance(device, bool):
         raise TypeError(f"device must be an int ordinal, not {type(device).__name__}")
     if device < 0:
@@ -294,6 +297,7 @@ def import_semaphore(
         else:
             desc = SemaphoreDesc(int(kind), win32_handle=check_uint("handle", handle, _U64))
     drv = resolve_driver(driver)
+    _release.flush()
     if device >= drv.device_count():
         raise ValueError(f"device {device} does not exist: {drv.device_count()} device(s)")
     try:
@@ -438,10 +442,14 @@ class _HostWaitStreams:
         if len(free) < 64:
             free.append(stream)
         else:
-            driver.stream_destroy(stream)
+            destroy_stream(driver, stream)
+
+    def _after_fork(self) -> None:
+        self._free = weakref.WeakKeyDictionary()
 
 
 _host_streams = _HostWaitStreams()
+os.register_at_fork(after_in_child=_host_streams._after_fork)
 
 
 async def _host_wait(entries: list[Wait]) -> None:
@@ -468,7 +476,6 @@ async def _host_wait(entries: list[Wait]) -> None:
             _host_streams.give(drv, device, stream)
         else:
             try:
-                side_streams.drop(drv, stream)
-                drv.stream_destroy(stream)
+                destroy_stream(drv, stream)
             except AiocudasemError:
                 pass  # a faulted device: the stream is gone with its context

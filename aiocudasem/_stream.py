@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import warnings
 import weakref
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
 
+from . import _release
 from ._driver import Driver
 from ._errors import AiocudasemError, DeviceFaultError, DeviceMismatchError
-from ._notifier import Point, current_notifier, event_pool, side_streams, take_event
+from ._notifier import Point, current_notifier, destroy_stream, event_pool, take_event
 from ._release import release
 from ._semaphore import Signal, Wait, check_same_device, resolve_driver
 
@@ -72,6 +74,7 @@ class Stream:
             return stream
         handle = _stream_handle(stream)
         drv = resolve_driver(driver)
+        _release.flush()
         device = drv.stream_device(handle)
         return cls._create(drv, device, handle, owned=False)
 
@@ -116,6 +119,7 @@ class Stream:
     def record(self) -> Event:
         """Record an event capturing everything enqueued so far. Non-blocking."""
         handle = self.handle
+        _release.flush()
         event = self._driver.event_create(self._device)
         try:
             self._driver.event_record(event, handle)
@@ -227,14 +231,8 @@ class Stream:
 
 
 def _release_stream(driver: Driver, handle: int, owned: bool, collected: bool) -> None:
-    if not owned:
-        return
-
-    def destroy() -> None:
-        side_streams.drop(driver, handle)
-        driver.stream_destroy(handle)
-
-    release(destroy, "an aiocudasem Stream", collected)
+    if owned:
+        release(lambda: destroy_stream(driver, handle), "an aiocudasem Stream", collected)
 
 
 def _stream_handle(obj: object) -> int:
@@ -246,6 +244,11 @@ def _stream_handle(obj: object) -> int:
             and len(value) == 2
             and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
         ):
+            if value[1] < 0:
+                raise ValueError(
+                    f"__cuda_stream__ of {type(obj).__name__} returned the handle {value[1]}: "
+                    "a stream handle is a non-negative int"
+                )
             return int(value[1])
         raise TypeError(
             f"__cuda_stream__ of {type(obj).__name__} returned {value!r}, not a "
@@ -292,7 +295,10 @@ class Event:
         self._stream = stream
         self._handle = handle
         self._point = Point(stream._driver, stream._device, stream._handle, handle, None)
-        self._finalizer = weakref.finalize(self, _release_event, stream._driver, handle)
+        # Collected events are released at the library's next use, not inside the collector.
+        self._finalizer = weakref.finalize(
+            self, _release.defer, partial(_destroy_event, stream._driver, handle), "an Event"
+        )
         return self
 
     @property
@@ -321,10 +327,11 @@ class Event:
         if self._point.waiting and not self._point.done:
             raise anyio.BusyResourceError("waiting on")
         if self._finalizer.alive:
-            self._finalizer()
+            self._finalizer.detach()
+            _destroy_event(self._stream._driver, self._handle)
 
 
-def _release_event(driver: Driver, handle: int) -> None:
+def _destroy_event(driver: Driver, handle: int) -> None:
     try:
         driver.event_destroy(handle)
     except DeviceFaultError:
@@ -399,6 +406,7 @@ def open_stream(
     if not isinstance(non_blocking, bool):
         raise TypeError("non_blocking must be a bool")
     drv = resolve_driver(driver)
+    _release.flush()
     count = drv.device_count()
     if not 0 <= device < count:
         raise ValueError(f"device {device} does not exist: {count} device(s)")

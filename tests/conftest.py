@@ -24,15 +24,27 @@ def anyio_backend(request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.fixture(autouse=True)
-def _unlocked_watchdog() -> Iterator[None]:
-    """anyio's wait_all_tasks_blocked() on asyncio re-samples every 100 ms and waits while any
-    task is runnable; a parked drainer's watchdog wakes every 50 ms by default, and the two can
-    stay in phase for seconds. A period with no small common multiple with 100 ms avoids that."""
+def _watchdog_off() -> Iterator[None]:
+    """The watchdog detects device faults; it must never be how an ordinary completion is
+    noticed. The suite therefore runs with it effectively off (a 60 s period), so that a wake-up
+    that secretly waited for it times the test out. Tests of fault detection use
+    ``fault_watchdog``."""
     import aiocudasem
 
-    aiocudasem.configure(watchdog=0.0371)
+    aiocudasem.configure(watchdog=60.0)
     yield
     aiocudasem.configure(watchdog=aiocudasem.Tuning().watchdog)
+
+
+@pytest.fixture
+def fault_watchdog() -> float:
+    """The default watchdog period, for tests that inject device faults (``_watchdog_off``, an
+    autouse fixture, is set up first and restores the default afterwards)."""
+    import aiocudasem
+
+    period = aiocudasem.Tuning().watchdog
+    aiocudasem.configure(watchdog=period)
+    return period
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 import aiocudasem as acs
 from aiocudasem.testing import SimDriver, hold, import_sim_semaphore
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("fault_watchdog")]
 
 
 async def test_fault_wakes_every_parked_waiter(sim: SimDriver) -> None:
@@ -26,7 +26,7 @@ async def test_fault_wakes_every_parked_waiter(sim: SimDriver) -> None:
             except acs.DeviceFaultError as exc:
                 errors.append(exc)
 
-        with anyio.fail_after(5):  # bounded: the watchdog, not a hang
+        with anyio.fail_after(5):  # bounded by the watchdog thread, not a hang
             async with anyio.create_task_group() as tg:
                 for _ in range(10):
                     tg.start_soon(wait, s1)

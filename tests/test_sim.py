@@ -830,8 +830,10 @@ def test_raising_kernel_faults_with_launch_failed(sim: Sim) -> None:
     def boom() -> None:
         raise RuntimeError("kernel bug")
 
+    gate = sim.gate(s)  # both launches are enqueued before the faulting kernel runs
     drv.launch(s, boom)
     drv.launch(s, lambda: after.append(1))
+    gate.set()
     with pytest.raises(DeviceFaultError) as info:
         sync(drv, s)
     assert info.value.status == 719

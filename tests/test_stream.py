@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import gc
+import threading
 
 import anyio
 import pytest
@@ -222,5 +223,40 @@ async def test_forgotten_stream_warns_and_is_destroyed(sim: SimDriver) -> None:
     with pytest.warns(ResourceWarning, match="aclose"):
         del s
         gc.collect()
+    # The collector only queued the release; the library's next use performs it.
+    sim.stream_query(handle)
+    async with acs.open_stream(driver=sim):
+        pass
     with pytest.raises(acs.CudaError):
         sim.stream_query(handle)
+
+
+@pytest.mark.parametrize("lock", ["driver", "side streams"])
+def test_collection_inside_a_locked_section_does_not_deadlock(sim: SimDriver, lock: str) -> None:
+    """The collector runs finalizers in whichever thread allocates, possibly one that holds
+    the driver's (non-reentrant) lock or the side-stream table's. A finalizer that took such a
+    lock would deadlock that thread; it must only queue the release."""
+    from aiocudasem import _release
+    from aiocudasem._notifier import side_streams
+
+    held = sim._lock if lock == "driver" else side_streams._lock
+    stream = acs.open_stream(driver=sim)
+    cycle: list[object] = [stream, stream.record()]
+    del stream
+    cycle.append(cycle)  # reachable only through a cycle, as a stored traceback makes it
+    del cycle
+    done = threading.Event()
+
+    def collect_while_holding() -> None:
+        with held:
+            gc.collect()
+        done.set()
+
+    with pytest.warns(ResourceWarning):
+        t = threading.Thread(target=collect_while_holding, daemon=True)
+        t.start()
+        t.join(5)
+    assert done.is_set(), "a finalizer blocked on a lock its own thread holds"
+    assert _release.pending() >= 1
+    _release.flush()
+    assert _release.pending() == 0

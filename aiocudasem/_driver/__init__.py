@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -123,6 +124,40 @@ def frame_words(frame: int, words: int) -> np.ndarray[Any, np.dtype[np.uint32]]:
 
 _lock = threading.Lock()
 _drivers: dict[str, Driver] = {}
+_live: weakref.WeakSet[Any] = weakref.WeakSet()  # every driver object of this process
+_cuda_before_fork = False  # a CUDA driver was initialised in a parent of this (forked) process
+
+
+def track(driver: object) -> None:
+    """Register a new driver object, so that a fork can disable it in the child."""
+    _live.add(driver)
+
+
+def forked_error(name: str) -> DriverUnavailableError:
+    reason = "it was initialised before os.fork(), and CUDA cannot be used in a forked child"
+    return DriverUnavailableError(
+        f"the {name} driver cannot be used in this process: {reason}. Use CUDA only in the "
+        "child, or start child processes with multiprocessing's 'spawn' or 'forkserver' "
+        "method.",
+        reason=reason,
+    )
+
+
+def _after_fork_in_child() -> None:
+    """CUDA cannot be used in a forked child, so every driver object inherited from the parent
+    refuses every call with a clear :class:`DriverUnavailableError` instead of hanging (the
+    simulated device's worker threads and locks did not survive the fork either). A new
+    simulated device can be created in the child; a new CUDA driver cannot."""
+    global _lock, _cuda_before_fork
+    _lock = threading.Lock()
+    for drv in list(_live):
+        if not drv.simulated:
+            _cuda_before_fork = True
+        drv._after_fork()
+    _drivers.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def get_driver(name: str | None = None) -> Driver:
@@ -141,6 +176,8 @@ def get_driver(name: str | None = None) -> Driver:
         if drv is not None:
             return drv
         if name == "cuda":
+            if _cuda_before_fork:
+                raise forked_error("cuda")
             from ._cuda import CudaDriver
 
             drv = CudaDriver()

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 
 from .._errors import STICKY_STATUSES, CudaError, DeviceFaultError
-from . import SEEN, frame_words
+from . import SEEN, forked_error, frame_words, track
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -85,6 +85,19 @@ def _consumer(sem: _Semaphore) -> Callable[[], None]:
 
 def _reached(sem: _Semaphore, value: int) -> Callable[[], bool]:
     return lambda: sem.value >= value
+
+
+class _ForkedLock:
+    """Stands in for the simulator's lock in a forked child."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __enter__(self) -> None:
+        raise forked_error(self._name)
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 class _Stream:
@@ -194,6 +207,12 @@ class SimDriver:
         self._host_fns: dict[int, Callable[[int | None], None]] = {}
         # The legacy default stream, handle 0, on device 0.
         self._streams[0] = _Stream(0, 0, self._lock)
+        track(self)
+
+    def _after_fork(self) -> None:
+        # Every call takes the lock first: a lock that refuses makes every call fail clearly,
+        # where the inherited one might be held forever by a worker thread that is gone.
+        self._lock = _ForkedLock(self.name)  # type: ignore[assignment]
 
     # ------------------------------------------------------------------ simulator controls
 

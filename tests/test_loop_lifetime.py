@@ -1,0 +1,248 @@
+"""A loop's notifier lives exactly as long as the loop: its fd and its points are released when
+the loop ends, not when the garbage collector gets round to it. Points and Events outlive loops
+cleanly, and a forked child gets a clear error instead of a hang."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+import aiocudasem as acs
+from aiocudasem._notifier import current_notifier, event_pool
+from aiocudasem.testing import SimDriver, hold
+from tests.conftest import open_fds
+
+BACKENDS = [
+    pytest.param("asyncio", {}, id="asyncio"),
+    pytest.param("asyncio", {"use_uvloop": True}, id="asyncio+uvloop"),
+    pytest.param("trio", {}, id="trio"),
+]
+
+
+@pytest.fixture
+def parked() -> Iterator[None]:
+    acs.configure(spin_limit=0)
+    yield
+    acs.configure(spin_limit=acs.Tuning().spin_limit)
+
+
+@pytest.fixture
+def no_gc() -> Iterator[None]:
+    """Prove that a release does not wait for the collector."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize(("backend", "options"), BACKENDS)
+def test_each_loop_releases_its_fd_when_it_ends(
+    backend: str, options: dict[str, Any], parked: None, no_gc: None
+) -> None:
+    sim = SimDriver(devices=1)
+
+    async def one_loop() -> None:
+        async with acs.open_stream(driver=sim) as s:
+            threading.Timer(0.002, hold(s).set).start()
+            with anyio.fail_after(5):
+                await s.wait_complete()  # parks: the loop's notifier and fd exist
+            assert current_notifier().stats()["fired"] == 1
+
+    anyio.run(one_loop, backend=backend, backend_options=options)  # warm-up: threads, pools
+    before = open_fds()
+    for _ in range(200):
+        anyio.run(one_loop, backend=backend, backend_options=options)
+    new = _describe(open_fds() - before)
+    assert not new, f"ended loops kept fds until collection: {new}"
+
+
+@pytest.mark.parametrize(("backend", "options"), BACKENDS)
+def test_a_loop_ending_with_an_armed_cancelled_wait_leaks_neither_fd_nor_event(
+    backend: str, options: dict[str, Any], parked: None, no_gc: None
+) -> None:
+    sim = SimDriver(devices=1)
+    gates: list[threading.Event] = []
+    streams: list[acs.Stream] = []
+
+    async def one_loop() -> None:
+        s = acs.open_stream(driver=sim)
+        streams.append(s)
+        gates.append(hold(s))
+        with anyio.move_on_after(0.005) as scope:
+            await s.wait_complete()  # parked, its host function armed, then abandoned
+        assert scope.cancelled_caught
+        assert current_notifier().stats()["pending"] == 1
+
+    anyio.run(one_loop, backend=backend, backend_options=options)
+    before = open_fds()
+    for _ in range(20):
+        anyio.run(one_loop, backend=backend, backend_options=options)
+    # The loops are over, their host functions still outstanding (the work is gated), yet their
+    # fds are gone already.
+    new = _describe(open_fds() - before)
+    assert not new, f"ended loops kept fds: {new}"
+    for g in gates:
+        g.set()
+    for s in streams:
+        s._close_now()
+    # Every event is back in the pool: none was left behind with a dead loop.
+    with sim._lock:
+        events = set(sim._events)
+    assert events == set(event_pool.free_list(sim, 0))
+
+
+@pytest.mark.parametrize(("backend", "options"), BACKENDS)
+def test_an_event_can_be_awaited_again_in_a_later_loop(
+    backend: str, options: dict[str, Any], parked: None
+) -> None:
+    sim = SimDriver(devices=1)
+    s = acs.open_stream(driver=sim)
+    gate = hold(s)
+    ev = s.record()
+
+    async def abandon() -> None:
+        with anyio.move_on_after(0.01) as scope:
+            await ev.wait()  # armed in this loop's notifier, then cancelled
+        assert scope.cancelled_caught
+
+    async def wait() -> None:
+        with anyio.fail_after(5):  # this hung silently
+            await ev.wait()
+
+    anyio.run(abandon, backend=backend, backend_options=options)
+    gate.set()
+    anyio.run(wait, backend=backend, backend_options=options)
+    assert ev.query()
+    ev.close()
+    s._close_now()
+
+
+def test_an_event_awaited_by_two_loops_at_once_is_refused(parked: None) -> None:
+    sim = SimDriver(devices=1)
+    s = acs.open_stream(driver=sim)
+    gate = hold(s)
+    ev = s.record()
+    parked_in_a = threading.Event()
+    release_a = threading.Event()
+    errors: list[BaseException] = []
+
+    async def loop_a() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ev.wait)
+            await anyio.wait_all_tasks_blocked()
+            parked_in_a.set()
+            await anyio.to_thread.run_sync(release_a.wait)
+            gate.set()
+
+    def run_a() -> None:
+        try:
+            anyio.run(loop_a)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=run_a)
+    t.start()
+    try:
+        assert parked_in_a.wait(5)
+
+        async def loop_b() -> None:
+            with anyio.fail_after(5), pytest.raises(anyio.BusyResourceError, match="one event"):
+                await ev.wait()
+
+        anyio.run(loop_b, backend="trio")
+    finally:
+        release_a.set()
+        t.join(5)
+    assert not t.is_alive()
+    assert errors == []
+    ev.close()
+    s._close_now()
+
+
+def _describe(fds: set[int]) -> dict[int, str]:
+    out = {}
+    for fd in sorted(fds):
+        try:
+            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            out[fd] = "?"
+    return out
+
+
+def _wait_for_child(pid: int, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail(f"the forked child hung for {timeout} s")
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # 3.12+: fork() with threads
+def test_a_forked_child_gets_a_clear_error_not_a_hang() -> None:
+    sim = SimDriver(devices=1)
+    s = acs.open_stream(driver=sim)
+    sem, producer = _used_semaphore(sim)
+
+    async def use() -> None:
+        sim.launch_spin(s.handle, 10_000)
+        await s.wait_complete()
+        producer.signal(1)
+        await sem.wait_value(1)
+
+    anyio.run(use)  # the parent used the stream, the semaphore, the pools and the workers
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit code
+        code = 10
+        try:
+
+            async def child() -> int:
+                failures = 0
+                with anyio.fail_after(5):
+                    for op in (s.wait_complete, lambda: sem.wait_value(2)):
+                        try:
+                            await op()
+                        except acs.DriverUnavailableError as exc:
+                            failures += "fork" in str(exc)
+                try:
+                    acs.open_stream(driver=sim)
+                except acs.DriverUnavailableError:
+                    failures += 1
+                return 0 if failures == 3 else 11
+
+            code = anyio.run(child)
+            if code == 0:
+                fresh = SimDriver(devices=1)  # a simulated device made in the child works
+
+                async def fresh_device() -> None:
+                    with anyio.fail_after(5):
+                        async with acs.open_stream(driver=fresh) as t:
+                            fresh.launch_spin(t.handle, 10_000)
+                            await t.wait_complete()
+
+                anyio.run(fresh_device)
+        except BaseException:
+            code = 12
+        os._exit(code)
+    assert _wait_for_child(pid, 30) == 0
+    s._close_now()
+    anyio.run(sem.aclose)
+
+
+def _used_semaphore(sim: SimDriver) -> tuple[acs.ExternalSemaphore, Any]:
+    from aiocudasem.testing import import_sim_semaphore
+
+    return import_sim_semaphore(sim)

@@ -1,0 +1,183 @@
+"""Wake-ups come from completions (or faults), promptly, never from a timer; cancelling any
+waiter, the drainer included and however often, loses nobody else's wake-up. The suite runs
+with the watchdog effectively off (see conftest), so a wake-up that waited for it fails here."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+import aiocudasem as acs
+from aiocudasem._notifier import current_notifier, side_streams
+from aiocudasem.testing import SimDriver, hold, import_sim_semaphore
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def parked() -> Iterator[None]:
+    acs.configure(spin_limit=0)
+    yield
+    acs.configure(spin_limit=acs.Tuning().spin_limit)
+
+
+async def test_a_parked_loop_is_not_woken_by_a_timer(sim: SimDriver, parked: None) -> None:
+    acs.configure(watchdog=0.005)  # a busy fault watchdog must still not wake the loop
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.wait_complete)
+            await anyio.wait_all_tasks_blocked()
+            n = current_notifier()
+            before = n.stats()
+            await anyio.to_thread.run_sync(time.sleep, 0.3)
+            after = n.stats()
+            assert after["drainer_wakeups"] == before["drainer_wakeups"]
+            assert after["wakeups"] == before["wakeups"]
+            # anyio's wait_all_tasks_blocked() re-samples every 100 ms on asyncio while any task
+            # is runnable: with a parked wait it must return at once.
+            took = []
+            for _ in range(10):
+                t0 = time.perf_counter()
+                await anyio.wait_all_tasks_blocked()
+                took.append(time.perf_counter() - t0)
+            assert statistics.median(took) <= 0.005, took
+            assert max(took) < 0.05, took
+            gate.set()
+
+
+async def test_short_timeout_waiters_and_a_busy_cpu_do_not_starve_a_long_waiter(
+    sim: SimDriver, fault_watchdog: float
+) -> None:
+    """64 tasks wait with 0.4-3 ms timeouts while one task burns 2 ms of CPU per step: the
+    drainer role keeps moving to waiters that are cancelled before they drain. A long waiter
+    whose work completed must still wake, and a device fault must still be reported."""
+    rng = random.Random(9)
+    busy = [acs.open_stream(0, driver=sim) for _ in range(8)]
+    busy_gates = [hold(b) for b in busy]
+    long_stream = acs.open_stream(0, driver=sim)
+    long_gate = hold(long_stream)
+    doomed = acs.open_stream(1, driver=sim)
+    hold(doomed)
+    stop = anyio.Event()
+    woke: dict[str, float] = {}
+
+    async def short(i: int) -> None:
+        while not stop.is_set():
+            with anyio.move_on_after(rng.uniform(0.0004, 0.003)):
+                await busy[i % 8].wait_complete()
+
+    async def cpu() -> None:
+        while not stop.is_set():
+            end = time.perf_counter() + 0.002
+            while time.perf_counter() < end:
+                pass
+            await anyio.lowlevel.checkpoint()
+
+    async def long_waiter() -> None:
+        await long_stream.wait_complete()
+        woke["long"] = time.perf_counter()
+
+    async def fault_waiter() -> None:
+        with pytest.raises(acs.DeviceFaultError):
+            await doomed.wait_complete()
+        woke["fault"] = time.perf_counter()
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for i in range(64):
+                tg.start_soon(short, i)
+            tg.start_soon(cpu)
+            tg.start_soon(long_waiter)
+            tg.start_soon(fault_waiter)
+            await anyio.sleep(0.2)
+            t0 = time.perf_counter()
+            long_gate.set()
+            sim.inject_fault(1)
+            while len(woke) < 2 and time.perf_counter() - t0 < 5:
+                await anyio.sleep(0.01)
+            stop.set()
+    for g in busy_gates:
+        g.set()
+    assert "long" in woke, "the long waiter was not woken within 5 s"
+    assert "fault" in woke, "the device fault was not reported within 5 s"
+    assert woke["long"] - t0 < 1.0
+    assert woke["fault"] - t0 < 1.0
+    for b in [*busy, long_stream]:
+        await b.aclose()
+    with pytest.raises(acs.DeviceFaultError):
+        await doomed.aclose()  # released all the same
+
+
+async def test_a_plain_wait_is_prompt_right_after_a_cancellation_storm(
+    sim: SimDriver, parked: None
+) -> None:
+    sem, producer = import_sim_semaphore(sim)
+    rng = random.Random(3)
+    async with acs.open_stream(driver=sim) as s:
+        n = 0
+        for _ in range(2000):
+            n += 1
+            s.enqueue_wait(acs.Wait(sem, n))
+            with anyio.move_on_after(rng.uniform(0, 0.0002)):
+                await s.wait_complete()
+        producer.signal(n)
+        t0 = time.perf_counter()
+        with anyio.fail_after(5):
+            await s.wait_complete()
+        assert time.perf_counter() - t0 < 0.5
+        assert current_notifier().stats()["parked"] == 0
+    await sem.aclose()
+
+
+@pytest.mark.parametrize("how", ["aclose cancelled", "error exit"])
+async def test_waiters_of_a_stream_closed_under_them_all_wake(
+    sim: SimDriver, parked: None, how: str
+) -> None:
+    s = acs.open_stream(driver=sim)
+    gate = hold(s)
+    woke = 0
+
+    async def waiter() -> None:
+        nonlocal woke
+        with anyio.fail_after(5):
+            await s.wait_complete()
+        woke += 1
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(5):
+            tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()
+        if how == "aclose cancelled":
+            with anyio.move_on_after(0.01):
+                await s.aclose()  # its wait is cancelled: the stream is destroyed anyway
+        else:
+            with pytest.raises(KeyError):
+                async with s:
+                    raise KeyError("the body failed")
+        assert s.closed
+        gate.set()
+    assert woke == 5
+
+
+async def test_surplus_host_wait_streams_take_their_side_streams_along(
+    sim: SimDriver, parked: None
+) -> None:
+    pairs = [import_sim_semaphore(sim) for _ in range(100)]
+    async with anyio.create_task_group() as tg:
+        for sem, _ in pairs:
+            tg.start_soon(sem.wait_value, 1)
+        await anyio.wait_all_tasks_blocked()
+        assert side_streams.count(sim) == 100  # one private stream (and side stream) each
+        for _, producer in pairs:
+            producer.signal(1)
+    # 64 private streams are kept for reuse; the 36 others were destroyed, and their side
+    # streams with them (they were orphaned: 100 remained).
+    assert side_streams.count(sim) <= 64
+    for sem, _ in pairs:
+        await sem.aclose()
