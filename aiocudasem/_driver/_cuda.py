@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 import numpy as np
 
 from .._errors import STICKY_STATUSES, CudaError, DeviceFaultError, DeviceMismatchError
-from . import SEEN, unavailable
+from . import SEEN, forked_error, track, unavailable
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -32,6 +32,10 @@ _CC_MAJOR: Final = 75  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
 _CC_MINOR: Final = 76
 _FD_TYPES: Final = frozenset({1, 9})  # OPAQUE_FD, TIMELINE_SEMAPHORE_FD
 _NVSCISYNC: Final = 6
+_KERNEL_NAMES: Final = ("spin", "check_frame", "trap")
+_FUNCTION_LOADED: Final = 1  # CU_FUNCTION_LOADING_STATE_LOADED
+_FUNCTION_NOT_LOADED: Final = 913  # CUDA_ERROR_FUNCTION_NOT_LOADED
+_LOADING_MODES: Final = {1: "eager", 2: "lazy"}  # CUmoduleLoadingMode
 
 # The demo, test and benchmark workloads. %globaltimer gives exact device durations; the frame
 # check reads the producer's pinned buffer through volatile loads so it sees the host's writes.
@@ -58,6 +62,13 @@ extern "C" __global__ void aiocudasem_check_frame(const unsigned int *src, unsig
 
 extern "C" __global__ void aiocudasem_trap() { __trap(); }
 """
+
+
+class _Forked:
+    """Stands in for the bindings in a forked child: every driver call raises."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise forked_error("cuda")
 
 
 class CudaDriver:
@@ -91,8 +102,14 @@ class CudaDriver:
         self._ctx: dict[int, int] = {}  # ordinal -> primary context
         self._probe: dict[int, int] = {}  # ordinal -> never-recorded event, for check_health
         self._kernels: dict[int, dict[str, int]] = {}
+        self._kernels_lock = threading.Lock()
         self._wait_dtype = d.external_semaphore_wait_params_v1_dtype
         self._signal_dtype = d.external_semaphore_signal_params_v1_dtype
+        track(self)
+
+    def _after_fork(self) -> None:
+        # A forked child cannot use the parent's CUDA state: refuse every call clearly.
+        self._d = _Forked()
 
     # ------------------------------------------------------------------ helpers
 
@@ -160,6 +177,27 @@ class CudaDriver:
         if probe is None:
             probe = self._probe[ordinal] = self.event_create(ordinal)
         self.event_query(probe)
+
+    def module_loading_mode(self) -> str:
+        """CUDA's module loading mode in this process (``cuModuleGetLoadingMode``): ``"lazy"``,
+        CUDA's default since 12.2, or ``"eager"`` (``CUDA_MODULE_LOADING=EAGER``).
+
+        Not part of the :class:`Driver` protocol: only ``doctor`` reports it, because lazy
+        loading can deadlock a hand-off (docs/lazy-loading.md). Never changes the mode, which
+        is process-wide and read once by CUDA. Raises :class:`CudaError`.
+        """
+        try:
+            mode = int(self._d.module_get_loading_mode())
+        except self._DriverError as exc:
+            self._fail(exc, "cuModuleGetLoadingMode")
+        name = _LOADING_MODES.get(mode)
+        if name is None:
+            raise CudaError(
+                f"cuModuleGetLoadingMode returned an unknown mode {mode}",
+                1,
+                "CUDA_ERROR_INVALID_VALUE",
+            )
+        return name
 
     # ------------------------------------------------------------------ streams
 
@@ -336,13 +374,21 @@ class CudaDriver:
             self._fail(exc, "cuMemFreeHost")
 
     def _kernel(self, stream: int, name: str) -> int:
-        ordinal = self.stream_device(stream)
+        ordinal = self.stream_device(stream)  # also makes the device's primary context current
         kernels = self._kernels.get(ordinal)
         if kernels is None:
-            kernels = self._kernels[ordinal] = self._compile(ordinal)
+            with self._kernels_lock:  # one compile per device, even if two threads launch first
+                kernels = self._kernels.get(ordinal)
+                if kernels is None:
+                    kernels = self._kernels[ordinal] = self._compile(ordinal)
         return kernels[name]
 
     def _compile(self, ordinal: int) -> dict[str, int]:
+        """Compile the workload kernels for ``ordinal`` and load all of them into its primary
+        context (which must be current) now. Blocks for the NVRTC compile; raises CudaError.
+
+        This runs at the first launch of any of them, so that first launch still loads code;
+        every later launch of any of them loads nothing."""
         # cubin for the device's own architecture: PTX from a newer NVRTC can be rejected by
         # an older driver.
         from cuda.bindings._v2 import nvrtc
@@ -363,12 +409,43 @@ class CudaDriver:
             nvrtc.destroy_program(prog)
         try:
             lib = d.library_load_data(cubin, 0, 0, 0, 0, 0, 0)
-            return {
-                n: int(d.library_get_kernel(lib, f"aiocudasem_{n}".encode()))
-                for n in ("spin", "check_frame", "trap")
-            }
         except self._DriverError as exc:
             self._fail(exc, "cuLibraryLoadData")
+        try:
+            return {n: self._load_kernel(lib, f"aiocudasem_{n}") for n in _KERNEL_NAMES}
+        except BaseException:
+            try:
+                d.library_unload(lib)
+            except Exception:  # the load's own error is the one worth reporting
+                pass
+            raise
+
+    def _load_kernel(self, lib: int, name: str) -> int:
+        """Return kernel ``name`` of ``lib``, fully loaded into the current context.
+
+        Under lazy loading (CUDA's default since 12.2) a kernel is otherwise loaded at its
+        first launch, and loading may wait for the whole context to go idle. A first launch
+        behind a stream that waits for an external semaphore, which the host signals only
+        after that launch returns, would then never return. So the kernels are loaded here,
+        all of them at once, and no later launch of theirs loads anything (docs/lazy-loading.md).
+        """
+        d = self._d
+        try:
+            kernel = int(d.library_get_kernel(lib, name.encode()))
+            func = d.kernel_get_function(kernel)  # this context's function of the kernel
+            d.func_load(func)
+            state = int(d.func_is_loaded(func))
+        except self._DriverError as exc:
+            self._fail(exc, f"loading kernel {name} (cuKernelGetFunction, cuFuncLoad)")
+        if state != _FUNCTION_LOADED:
+            raise CudaError(
+                f"cuFuncLoad returned but kernel {name} is still not loaded (loading state "
+                f"{state}); its first launch would load it lazily, which can deadlock a "
+                "hand-off (see docs/lazy-loading.md)",
+                _FUNCTION_NOT_LOADED,
+                "CUDA_ERROR_FUNCTION_NOT_LOADED",
+            )
+        return kernel
 
     def _launch(self, stream: int, name: str, threads: int, *args: Any) -> None:
         kernel = self._kernel(stream, name)

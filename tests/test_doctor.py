@@ -1,0 +1,89 @@
+"""``doctor`` on a machine without a GPU: the module loading mode line, from a stand-in driver."""
+
+from __future__ import annotations
+
+import pytest
+
+from aiocudasem import VulkanUnavailableError, _doctor
+from aiocudasem._doctor import LAZY_LOADING_HINT
+from aiocudasem.vulkan import VulkanDevice
+
+
+class _FakeCuda:
+    """What doctor asks of the real driver, with a loading mode that a test picks."""
+
+    name = "cuda"
+    simulated = False
+
+    def __init__(self, mode: str | Exception) -> None:
+        self.mode = mode
+
+    def device_count(self) -> int:
+        return 1
+
+    def device_uuid(self, ordinal: int) -> bytes:
+        return bytes(range(16))
+
+    def device_name(self, ordinal: int) -> str:
+        return "Fake GPU"
+
+    def module_loading_mode(self) -> str:
+        if isinstance(self.mode, Exception):
+            raise self.mode
+        return self.mode
+
+
+def _doctor_output(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], drv: object
+) -> str:
+    def no_vulkan(cls: type[VulkanDevice], uuid: bytes | None = None) -> VulkanDevice:
+        raise VulkanUnavailableError("no Vulkan in this test")
+
+    monkeypatch.setattr(_doctor, "get_driver", lambda name: drv)
+    monkeypatch.setattr(VulkanDevice, "open", classmethod(no_vulkan))
+    assert _doctor.main() == 0
+    return capsys.readouterr().out
+
+
+def test_lazy_mode_is_reported_with_the_hand_off_hint(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
+    out = _doctor_output(monkeypatch, capsys, _FakeCuda("lazy"))
+    lines = out.splitlines()
+    i = next(i for i, line in enumerate(lines) if line.strip().startswith("module loading:"))
+    assert lines[i].strip() == "module loading: lazy (CUDA's default)"
+    assert lines[i + 1].strip() == LAZY_LOADING_HINT
+    assert "CUDA_MODULE_LOADING=EAGER" in LAZY_LOADING_HINT
+    assert "docs/lazy-loading.md" in LAZY_LOADING_HINT
+
+
+def test_eager_mode_names_its_setting_and_gives_no_hint(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CUDA_MODULE_LOADING", "EAGER")
+    out = _doctor_output(monkeypatch, capsys, _FakeCuda("eager"))
+    assert "module loading: eager (CUDA_MODULE_LOADING=EAGER)" in out
+    assert LAZY_LOADING_HINT not in out
+
+
+def test_a_failed_query_is_reported_not_raised(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aiocudasem import CudaError
+
+    failure = CudaError("cuModuleGetLoadingMode failed", 3, "CUDA_ERROR_NOT_INITIALIZED")
+    out = _doctor_output(monkeypatch, capsys, _FakeCuda(failure))
+    assert "module loading: unknown: cuModuleGetLoadingMode failed" in out
+    assert "device 0: Fake GPU" in out
+
+
+def test_a_driver_without_a_loading_mode_prints_no_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    class Simulated(_FakeCuda):
+        module_loading_mode = None  # type: ignore[assignment]
+
+    out = _doctor_output(monkeypatch, capsys, Simulated("lazy"))
+    assert "module loading" not in out
+    assert "vulkan: unavailable: no Vulkan in this test" in out
