@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Fetch what the GPU machine lacks (it has no network) into .device/: cp312 wheels of the
-# pinned cuda-bindings and of the test dependencies it does not have, and Debian's Vulkan loader.
+# pinned cuda-bindings and of the test dependencies it does not have, and Debian's Vulkan loader
+# with the GL vendor-neutral dispatch libraries that NVIDIA's Vulkan driver (ICD) links against.
+# Without those, vkCreateInstance fails with VK_ERROR_INCOMPATIBLE_DRIVER.
 set -eu
 cd "$(dirname "$0")/.."
 mkdir -p .device/whl .device/gl
@@ -12,4 +14,9 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
 mkdir -p /tmp/amd64/partial
 apt-get $o update -qq
-(cd .device/gl && apt-get $o download -qq libvulkan1)
+pkgs="libvulkan1 libglvnd0 libegl1 libgl1 libglx0 libopengl0 libgles2"
+(cd .device/gl && rm -f ./*.deb && apt-get $o download -qq $pkgs)
+for p in $pkgs; do
+  ls .device/gl/"${p}"_*.deb >/dev/null 2>&1 || { echo "missing $p in .device/gl" >&2; exit 1; }
+done
+echo "fetched: $(ls .device/whl | wc -l) wheels, $(ls .device/gl | wc -l) packages in .device/"
