@@ -323,6 +323,46 @@ def _new_library(rig: Rig, args: list[str]) -> None:
 
 
 @experiment(
+    "c4",
+    "(c4) as (c) without looking at L2 before the wait: L1's kernel warm and L1 alive; the same "
+    "source compiled again into L2; first launch of L2's kernel on S",
+    "? (HANG: every new library is loaded into the context again, however identical)",
+)
+def _new_library_untouched(rig: Rig, args: list[str]) -> None:
+    k1 = rig.compile().get_kernel("probe_mark")
+    rig.launch(k1, rig.T, 1)
+    rig.drv.stream_synchronize(rig.T)
+    k2 = rig.compile().get_kernel("probe_mark")
+    rig.core(rig.S)
+    rig.block()
+    rig.op("first launch of L2's kernel on S", lambda: rig.launch(k2, rig.S, 2))
+    rig.release()
+    rig.note("k1 alive:", k1 is not None)
+
+
+@experiment(
+    "c5",
+    "(c5) L1's kernel warm, then L1 dropped and collected (cuda.core unloads it); the same "
+    "source compiled again; first launch on S",
+    "? (HANG: a test that compiles its kernel per test reloads it after the last one's GC)",
+)
+def _library_dropped(rig: Rig, args: list[str]) -> None:
+    import gc
+
+    obj = rig.compile()
+    k1 = obj.get_kernel("probe_mark")
+    rig.launch(k1, rig.T, 1)
+    rig.drv.stream_synchronize(rig.T)
+    del k1, obj
+    gc.collect()
+    k2 = rig.compile().get_kernel("probe_mark")
+    rig.core(rig.S)
+    rig.block()
+    rig.op("first launch of the recompiled kernel on S", lambda: rig.launch(k2, rig.S, 2))
+    rig.release()
+
+
+@experiment(
     "c3",
     "(c3) one kernel of a library warm; first launch of another kernel of the same library on S",
     "? (HANG means loading is per function, not per library)",
@@ -740,6 +780,8 @@ ORDER = [
     "h-eager",
     "c",
     "c3",
+    "c4",
+    "c5",
     "b2",
     "b4",
     "i",
