@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 import numpy as np
@@ -37,31 +38,16 @@ _FUNCTION_LOADED: Final = 1  # CU_FUNCTION_LOADING_STATE_LOADED
 _FUNCTION_NOT_LOADED: Final = 913  # CUDA_ERROR_FUNCTION_NOT_LOADED
 _LOADING_MODES: Final = {1: "eager", 2: "lazy"}  # CUmoduleLoadingMode
 
-# The demo, test and benchmark workloads. %globaltimer gives exact device durations; the frame
-# check reads the producer's pinned buffer through volatile loads so it sees the host's writes.
-_KERNELS_SRC: Final = rb"""
-extern "C" __global__ void aiocudasem_spin(unsigned long long ns) {
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    } while (t - t0 < ns);
-}
+# The demo, test and benchmark workloads: aiocudasem/_kernels/kernels.cu, prebuilt into a fatbin
+# (SASS for sm_75 to sm_120 plus PTX) by scripts/build-kernels.sh. NVRTC compiles the source only
+# for a device the fatbin has no code for.
+_KERNEL_FILES: Final = "_kernels"
+# CUDA_ERROR_NO_BINARY_FOR_GPU, CUDA_ERROR_INVALID_PTX, CUDA_ERROR_UNSUPPORTED_PTX_VERSION
+_NO_BINARY_FOR_GPU: Final = frozenset({209, 218, 222})
 
-extern "C" __global__ void aiocudasem_check_frame(const unsigned int *src, unsigned int words,
-                                                  unsigned int frame, unsigned int *out) {
-    unsigned int bad = 0;
-    const volatile unsigned int *v = src;
-    for (unsigned int i = threadIdx.x; i < words; i += blockDim.x) {
-        bad += v[i] != frame * 2654435761u + i;
-    }
-    // Thread 0 also adds the "seen" mark, so a frame checked twice or never shows.
-    if (threadIdx.x == 0) bad += 0x10000u;
-    if (bad) atomicAdd_system(out + frame, bad);
-}
 
-extern "C" __global__ void aiocudasem_trap() { __trap(); }
-"""
+def _kernel_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / _KERNEL_FILES
 
 
 class _Forked:
@@ -328,6 +314,11 @@ class CudaDriver:
             self._fail(exc, "cuDestroyExternalSemaphore")
 
     def wait_semaphores(self, ops: Sequence[SemOp], stream: int) -> None:
+        if len(self._kernels) < self._count:
+            # Before this device's first semaphore wait can block a stream (see _load_kernels).
+            ordinal = self.stream_device(stream)
+            if ordinal not in self._kernels:
+                self._load_kernels(ordinal)
         params = np.zeros(len(ops), dtype=self._wait_dtype)
         p = params["params"]
         p["fence"]["value"] = [op.value for op in ops]
@@ -377,58 +368,72 @@ class CudaDriver:
         ordinal = self.stream_device(stream)  # also makes the device's primary context current
         kernels = self._kernels.get(ordinal)
         if kernels is None:
-            with self._kernels_lock:  # one compile per device, even if two threads launch first
-                kernels = self._kernels.get(ordinal)
-                if kernels is None:
-                    kernels = self._kernels[ordinal] = self._compile(ordinal)
+            kernels = self._load_kernels(ordinal)
         return kernels[name]
 
-    def _compile(self, ordinal: int) -> dict[str, int]:
-        """Compile the workload kernels for ``ordinal`` and load all of them into its primary
-        context (which must be current) now. Blocks for the NVRTC compile; raises CudaError.
+    def _load_kernels(self, ordinal: int) -> dict[str, int]:
+        """Load the workload kernels into ``ordinal``'s primary context, which must be current.
 
-        This runs at the first launch of any of them, so that first launch still loads code;
-        every later launch of any of them loads nothing."""
-        # cubin for the device's own architecture: PTX from a newer NVRTC can be rejected by
-        # an older driver.
+        Loading a module into a context waits until no stream of that context is blocked (seen
+        on an H200 under lazy loading: a first launch, or cuKernelGetFunction, while any stream
+        waited on an external semaphore that the host signals only afterwards, never returned).
+        So this runs before the library enqueues its first semaphore wait on the device, and at
+        latest at the first workload launch; after it, launching them loads nothing."""
+        with self._kernels_lock:  # one load per device, even if two threads get here first
+            kernels = self._kernels.get(ordinal)
+            if kernels is None:
+                lib = self._library(ordinal)
+                try:
+                    kernels = {n: self._load_kernel(lib, f"aiocudasem_{n}") for n in _KERNEL_NAMES}
+                except BaseException:
+                    try:
+                        self._d.library_unload(lib)
+                    except Exception:  # the load's own error is the one worth reporting
+                        pass
+                    raise
+                self._kernels[ordinal] = kernels
+            return kernels
+
+    def _library(self, ordinal: int) -> int:
+        """The kernels' CUlibrary: the prebuilt fatbin, or, for a device it has no code for,
+        the source compiled by NVRTC for the device's own architecture."""
+        d = self._d
+        fatbin = (_kernel_dir() / "kernels.fatbin").read_bytes()
+        try:
+            return int(d.library_load_data(fatbin, 0, 0, 0, 0, 0, 0))
+        except self._DriverError as exc:
+            if int(getattr(exc, "status", 0)) not in _NO_BINARY_FOR_GPU:
+                self._fail(exc, "cuLibraryLoadData")
+        cubin = self._compile(ordinal)
+        try:
+            return int(d.library_load_data(cubin, 0, 0, 0, 0, 0, 0))
+        except self._DriverError as exc:
+            self._fail(exc, "cuLibraryLoadData")
+
+    def _compile(self, ordinal: int) -> bytes:
+        """NVRTC: the kernels' source as a cubin for ``ordinal``'s architecture (PTX from a
+        newer NVRTC can be rejected by an older driver). Blocks for the compile."""
         from cuda.bindings._v2 import nvrtc
 
         d = self._d
         dev = self._devices[ordinal]
         major = d.device_get_attribute(_CC_MAJOR, dev)
         minor = d.device_get_attribute(_CC_MINOR, dev)
-        prog = nvrtc.create_program(_KERNELS_SRC, b"aiocudasem_kernels.cu", None, None)
+        source = (_kernel_dir() / "kernels.cu").read_bytes()
+        prog = nvrtc.create_program(source, b"aiocudasem_kernels.cu", None, None)
         try:
             try:
                 nvrtc.compile_program(prog, [f"-arch=sm_{major}{minor}".encode()])
             except nvrtc.NvrtcError as exc:
                 log = nvrtc.get_program_log(prog).decode(errors="replace")
                 raise CudaError(f"NVRTC compile failed: {exc}\n{log}", 218, "NVRTC") from None
-            cubin = nvrtc.get_cubin(prog)
+            return bytes(nvrtc.get_cubin(prog))
         finally:
             nvrtc.destroy_program(prog)
-        try:
-            lib = d.library_load_data(cubin, 0, 0, 0, 0, 0, 0)
-        except self._DriverError as exc:
-            self._fail(exc, "cuLibraryLoadData")
-        try:
-            return {n: self._load_kernel(lib, f"aiocudasem_{n}") for n in _KERNEL_NAMES}
-        except BaseException:
-            try:
-                d.library_unload(lib)
-            except Exception:  # the load's own error is the one worth reporting
-                pass
-            raise
 
     def _load_kernel(self, lib: int, name: str) -> int:
-        """Return kernel ``name`` of ``lib``, fully loaded into the current context.
-
-        Under lazy loading (CUDA's default since 12.2) a kernel is otherwise loaded at its
-        first launch, and loading may wait for the whole context to go idle. A first launch
-        behind a stream that waits for an external semaphore, which the host signals only
-        after that launch returns, would then never return. So the kernels are loaded here,
-        all of them at once, and no later launch of theirs loads anything (docs/lazy-loading.md).
-        """
+        """Return kernel ``name`` of ``lib``, loaded into the current context: under lazy
+        loading it would otherwise load at its first launch (docs/lazy-loading.md)."""
         d = self._d
         try:
             kernel = int(d.library_get_kernel(lib, name.encode()))
