@@ -6,11 +6,16 @@ import ctypes
 import enum
 import os
 import sys
+import threading
+import warnings
 import weakref
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
+import anyio.lowlevel
+import anyio.to_thread
 
 from . import _release
 from ._driver import Driver, SemaphoreDesc, SemOp, get_driver
@@ -173,11 +178,19 @@ class ExternalSemaphore:
 
         Waits and signals already enqueued must have completed: CUDA requires it. The
         semaphore's underlying object (the Vulkan one, say) is not affected.
+
+        ``cuDestroyExternalSemaphore`` waits until the device has no blocked work (seen on an
+        H200: it did not return while any stream waited on an external semaphore), so it runs
+        in a worker thread and this waits for it without blocking the event loop. Cancelling
+        abandons that wait; the semaphore is still destroyed once the device allows it.
         """
         if self._finalizer.alive:
             self._finalizer.detach()
-            _release_semaphore(self._driver, self._handle, False)
-        await anyio.lowlevel.checkpoint()
+            await anyio.to_thread.run_sync(
+                _release_semaphore, self._driver, self._handle, False, abandon_on_cancel=True
+            )
+        else:
+            await anyio.lowlevel.checkpoint()
 
     async def __aenter__(self) -> Self:
         return self
@@ -227,7 +240,24 @@ class ExternalSemaphore:
 
 
 def _release_semaphore(driver: Driver, handle: int, collected: bool) -> None:
-    release(lambda: driver.destroy_semaphore(handle), "an ExternalSemaphore", collected)
+    if collected:
+        # The deferred release may run on an event loop's thread: destroy off it (see aclose).
+        release(partial(_destroy_in_thread, driver, handle), "an ExternalSemaphore", True)
+    else:
+        release(partial(driver.destroy_semaphore, handle), "an ExternalSemaphore", False)
+
+
+def _destroy_in_thread(driver: Driver, handle: int) -> None:
+    def destroy() -> None:
+        _release.release(partial(driver.destroy_semaphore, handle), "an ExternalSemaphore", False)
+
+    def run() -> None:
+        try:
+            destroy()
+        except AiocudasemError as exc:
+            warnings.warn(f"destroying an ExternalSemaphore failed: {exc}", RuntimeWarning, 1)
+
+    threading.Thread(target=run, name="aiocudasem-release", daemon=True).start()
 
 
 def import_semaphore(

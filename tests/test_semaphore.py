@@ -346,3 +346,36 @@ async def test_wait_external_semaphores_facade(sim: SimDriver) -> None:
             await acs.wait_external_semaphores([], s)
     await a.aclose()
     await b.aclose()
+
+
+async def test_aclose_waits_for_the_device_without_blocking_the_loop(sim: SimDriver) -> None:
+    """cuDestroyExternalSemaphore waits until no stream of the device is blocked on a semaphore
+    (the simulator models it). A close on the loop's thread would freeze the loop, and with it
+    the task that unblocks the device: aclose() must wait in a worker thread."""
+    import threading
+
+    blocker, blocker_producer = import_sim_semaphore(sim)
+    other, _ = import_sim_semaphore(sim)
+    rescue = threading.Timer(10, blocker_producer.signal, (1,))  # only if the loop froze
+    rescue.start()
+    ticks = 0
+    try:
+        async with acs.open_stream(driver=sim) as s:
+            s.enqueue_wait(acs.Wait(blocker, 1))  # the device now has a blocked stream
+
+            async def unblock_later() -> None:
+                nonlocal ticks
+                for _ in range(5):
+                    await anyio.sleep(0.01)
+                    ticks += 1
+                blocker_producer.signal(1)
+
+            with anyio.fail_after(5):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(unblock_later)
+                    await other.aclose()  # returns once the device lets it go
+            assert ticks == 5  # the loop kept running while the close waited
+            assert other.closed
+    finally:
+        rescue.cancel()
+    await blocker.aclose()

@@ -205,6 +205,7 @@ class SimDriver:
         self._pinned: dict[int, ctypes.Array[ctypes.c_char]] = {}
         self._faults: dict[int, int] = {}
         self._host_fns: dict[int, Callable[[int | None], None]] = {}
+        self._blocked: dict[int, int] = {}  # device -> streams blocked in a semaphore wait
         # The legacy default stream, handle 0, on device 0.
         self._streams[0] = _Stream(0, 0, self._lock)
         track(self)
@@ -481,7 +482,14 @@ class SimDriver:
             if s is None:
                 raise _error(_INVALID_HANDLE, "cuDestroyExternalSemaphore")
             self._check_device(self._sem_devices[sem], "cuDestroyExternalSemaphore")
-            del self._sems[sem], self._sem_devices[sem]
+            device = self._sem_devices[sem]
+            # Like the driver (seen on an H200): destroying waits until no stream of the device
+            # is blocked on an external semaphore.
+            while self._blocked.get(device, 0) and device not in self._faults:
+                self._deps.wait()
+            if self._sems.pop(sem, None) is None:  # destroyed by another thread meanwhile
+                raise _error(_INVALID_HANDLE, "cuDestroyExternalSemaphore")
+            del self._sem_devices[sem]
             s.imported -= 1
 
     def _sem_ops(
@@ -503,12 +511,19 @@ class SimDriver:
             s, resolved = self._sem_ops(ops, stream, "cuWaitExternalSemaphoresAsync")
 
             def wait_all() -> None:
-                for sem, op in resolved:
-                    if sem.binary:
-                        # One wait per signal: test and consume in one critical section.
-                        self._block_until(s.device, _signalled(sem), _consumer(sem))
-                    else:
-                        self._block_until(s.device, _reached(sem, op.value))
+                with self._lock:
+                    self._blocked[s.device] = self._blocked.get(s.device, 0) + 1
+                try:
+                    for sem, op in resolved:
+                        if sem.binary:
+                            # One wait per signal: test and consume in one critical section.
+                            self._block_until(s.device, _signalled(sem), _consumer(sem))
+                        else:
+                            self._block_until(s.device, _reached(sem, op.value))
+                finally:
+                    with self._lock:
+                        self._blocked[s.device] -= 1
+                        self._deps.notify_all()
 
             self._push(s, wait_all)
 
