@@ -39,6 +39,23 @@ US = 1e-6
 KERNEL_NS = 100_000  # the 100 us kernel of the latency benchmark
 
 
+def _thread_cpu() -> dict[int, tuple[str, int]]:
+    """Nanoseconds on a CPU of every thread of this process (/proc/self/task/*/schedstat)."""
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[int, tuple[str, int]] = {}
+    for tid in os.listdir("/proc/self/task"):
+        # Python threads by name; the others are the driver's (or a library's) own.
+        name = names.get(int(tid), "not Python's (driver)")
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                out[int(tid)] = (name, int(f.read().split()[0]))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
 def say(msg: str) -> None:
     print(msg, flush=True)
 
@@ -318,6 +335,7 @@ class Bench:
         self.quick = quick
         self.streams = [drv.stream_create(0, True, 0) for _ in range(64)]
         self.results: dict[str, Any] = {}
+        self.cpu_threads: dict[str, dict[str, float]] = {}  # approach -> thread name -> seconds
 
     def launch(self, h: int, ns: int) -> None:
         self.drv.launch_spin(h, ns)
@@ -345,21 +363,29 @@ class Bench:
         return out
 
     async def cpu_parked(self, ap: Approach, waiters: int = 1000) -> float:
-        """CPU cores used while `waiters` coroutines wait on 10 ms kernels: each of 16 streams
-        runs 30 of them back to back, and the CPU is read over a window in the middle, once
-        every coroutine is waiting (process CPU time, all threads, the driver's included)."""
+        """CPU cores used while `waiters` coroutines are parked on long kernels: one 3 s kernel
+        on each of 16 streams, the CPU read over a 1 s window once every coroutine is waiting
+        (process CPU time, all threads, the driver's and the fault watchdog's included)."""
         hs = self.streams[:16]
         for h in hs:
-            for _ in range(30):
-                self.launch(h, 10_000_000)
+            self.launch(h, 3_000_000_000)
 
         async with anyio.create_task_group() as tg:
             for i in range(waiters):
                 tg.start_soon(ap.wait, hs[i % len(hs)])
-            await anyio.sleep(0.05)  # all started and waiting
+            await anyio.sleep(0.5)  # all started, spun and parked
+            t0 = _thread_cpu()
             c0, w0 = time.process_time(), time.perf_counter()
-            await anyio.sleep(0.15)
+            await anyio.sleep(1.0)
             cores = (time.process_time() - c0) / (time.perf_counter() - w0)
+            t1 = _thread_cpu()
+        # Which threads spent it: the loop's, the watchdog's, the driver's.
+        by_thread: dict[str, float] = {}
+        for tid, (name, ticks) in t1.items():
+            spent = ticks - t0.get(tid, (name, 0))[1]
+            if spent:
+                by_thread[name] = round(by_thread.get(name, 0.0) + spent / 1e9, 6)
+        self.cpu_threads[ap.name] = by_thread
         return cores
 
     async def throughput(self, ap: Approach, nstreams: int, seconds: float) -> float:
@@ -481,6 +507,9 @@ async def measure(b: Bench, ap: Approach, entry: dict[str, Any], n: int, tput_s:
     if ap.name not in ("sync", "torch_to_thread", "to_thread"):
         say(f"  {ap.name:<18} CPU while parked ...")
         entry["cpu_parked"] = await b.cpu_parked(ap)
+        entry["cpu_parked_threads"] = b.cpu_threads.get(ap.name, {})
+        by = entry["cpu_parked_threads"]
+        say(f"  {ap.name:<18} CPU while parked: {entry['cpu_parked']:.4f} cores; threads (s): {by}")
     if hasattr(ap, "enqueue") or ap.name == "sync":
         say(f"  {ap.name:<18} work-stream GPU time with the loop busy ...")
         entry["stall_us"] = await b.stall(ap)
@@ -576,7 +605,7 @@ def markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
         'coroutine resuming; "+" is the median above blocking sync.',
         "",
         "| approach | wake latency, 100 us kernel: median (+ over sync) / p99 | empty stream: "
-        "median / p99 | CPU while 1,000 coroutines wait on 10 ms kernels (cores) | awaits/s, "
+        "median / p99 | CPU while 1,000 coroutines are parked on 3 s kernels (cores) | awaits/s, "
         "1 stream | awaits/s, 8 streams | work-stream GPU time, 100 x (50 us kernel + notify),"
         " loop busy |",
         "|---|---|---|---|---|---|---|",
