@@ -60,6 +60,27 @@ def open_fds() -> set[int]:
     return {int(n) for n in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{n}")}
 
 
+def fd_targets(fds: set[int]) -> dict[int, str]:
+    """What each fd points at, for assertion messages."""
+    out = {}
+    for fd in sorted(fds):
+        try:
+            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            out[fd] = "?"
+    return out
+
+
+@pytest.fixture
+def parked() -> Iterator[None]:
+    """Spinning off: every wait parks on the notifier."""
+    import aiocudasem
+
+    aiocudasem.configure(spin_limit=0)
+    yield
+    aiocudasem.configure(spin_limit=aiocudasem.Tuning().spin_limit)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not any(item.get_closest_marker("gpu") for item in items):
         return

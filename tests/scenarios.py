@@ -45,6 +45,7 @@ import aiocudasem as acs
 from aiocudasem._driver import SEEN, frame_words
 from aiocudasem._notifier import current_notifier
 from aiocudasem.testing import SimDriver, import_sim_semaphore
+from tests.conftest import fd_targets, open_fds
 
 __all__ = (
     "BACKENDS",
@@ -222,21 +223,6 @@ class VulkanRig(Rig):
 
 
 # ------------------------------------------------------------------------------ helpers
-
-
-def open_fds() -> set[int]:
-    """The process's open fds, without the transient one that lists them."""
-    return {int(n) for n in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{n}")}
-
-
-def _fd_targets(fds: set[int]) -> dict[int, str]:
-    out = {}
-    for fd in sorted(fds):
-        try:
-            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            out[fd] = "?"
-    return out
 
 
 def backend_name() -> str:
@@ -673,7 +659,7 @@ async def crowd(
             gone = fds_before - open_fds()
             if leaked or gone:
                 problems.append(
-                    f"fds changed: {len(leaked)} new {_fd_targets(leaked)}, {len(gone)} closed"
+                    f"fds changed: {len(leaked)} new {fd_targets(leaked)}, {len(gone)} closed"
                 )
             parked = current_notifier().stats()["parked"]
             if parked:

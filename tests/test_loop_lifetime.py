@@ -18,20 +18,13 @@ import pytest
 import aiocudasem as acs
 from aiocudasem._notifier import current_notifier, event_pool
 from aiocudasem.testing import SimDriver, hold
-from tests.conftest import open_fds
+from tests.conftest import fd_targets, open_fds
 
 BACKENDS = [
     pytest.param("asyncio", {}, id="asyncio"),
     pytest.param("asyncio", {"use_uvloop": True}, id="asyncio+uvloop"),
     pytest.param("trio", {}, id="trio"),
 ]
-
-
-@pytest.fixture
-def parked() -> Iterator[None]:
-    acs.configure(spin_limit=0)
-    yield
-    acs.configure(spin_limit=acs.Tuning().spin_limit)
 
 
 @pytest.fixture
@@ -62,7 +55,7 @@ def test_each_loop_releases_its_fd_when_it_ends(
     before = open_fds()
     for _ in range(200):
         anyio.run(one_loop, backend=backend, backend_options=options)
-    new = _describe(open_fds() - before)
+    new = fd_targets(open_fds() - before)
     assert not new, f"ended loops kept fds until collection: {new}"
 
 
@@ -89,7 +82,7 @@ def test_a_loop_ending_with_an_armed_cancelled_wait_leaks_neither_fd_nor_event(
         anyio.run(one_loop, backend=backend, backend_options=options)
     # The loops are over, their host functions still outstanding (the work is gated), yet their
     # fds are gone already.
-    new = _describe(open_fds() - before)
+    new = fd_targets(open_fds() - before)
     assert not new, f"ended loops kept fds: {new}"
     for g in gates:
         g.set()
@@ -167,16 +160,6 @@ def test_an_event_awaited_by_two_loops_at_once_is_refused(parked: None) -> None:
     assert errors == []
     ev.close()
     s._close_now()
-
-
-def _describe(fds: set[int]) -> dict[int, str]:
-    out = {}
-    for fd in sorted(fds):
-        try:
-            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            out[fd] = "?"
-    return out
 
 
 def _wait_for_child(pid: int, timeout: float) -> int:

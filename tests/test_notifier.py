@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import anyio
 import pytest
 
@@ -12,13 +10,6 @@ from aiocudasem._notifier import current_notifier
 from aiocudasem.testing import SimDriver, hold
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def parked() -> Iterator[None]:
-    acs.configure(spin_limit=0)
-    yield
-    acs.configure(spin_limit=acs.Tuning().spin_limit)
 
 
 async def test_a_crowd_on_one_stream_costs_one_host_function(sim: SimDriver, parked: None) -> None:

@@ -360,7 +360,9 @@ def _run_in_c_thread_holding_the_gil(fn: int, arg: int | None, timeout: float) -
     libc_gil = ctypes.PyDLL(None)  # calls keep the GIL
     if not hasattr(libc_gil, "pthread_timedjoin_np"):
         pytest.skip("needs glibc's pthread_timedjoin_np")
-    pthread_create = libc.pthread_create
+    # Created with the GIL held: through CDLL the new thread could take the GIL and finish
+    # before the timed join starts, and a function that needs the GIL would look GIL-free.
+    pthread_create = libc_gil.pthread_create
     pthread_create.argtypes = (
         ctypes.POINTER(ctypes.c_ulong),
         ctypes.c_void_p,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Iterator
 
 import anyio
 import pytest
@@ -17,13 +16,6 @@ from aiocudasem._notifier import current_notifier, side_streams
 from aiocudasem.testing import SimDriver, hold, import_sim_semaphore
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def parked() -> Iterator[None]:
-    acs.configure(spin_limit=0)
-    yield
-    acs.configure(spin_limit=acs.Tuning().spin_limit)
 
 
 async def test_a_parked_loop_is_not_woken_by_a_timer(sim: SimDriver, parked: None) -> None:
