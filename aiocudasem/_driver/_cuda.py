@@ -89,6 +89,7 @@ class CudaDriver:
         self._probe: dict[int, int] = {}  # ordinal -> never-recorded event, for check_health
         self._kernels: dict[int, dict[str, int]] = {}
         self._kernels_lock = threading.Lock()
+        self._preloaded: set[int] = set()  # devices whose kernels were loaded before a wait
         self._wait_dtype = d.external_semaphore_wait_params_v1_dtype
         self._signal_dtype = d.external_semaphore_signal_params_v1_dtype
         track(self)
@@ -314,11 +315,8 @@ class CudaDriver:
             self._fail(exc, "cuDestroyExternalSemaphore")
 
     def wait_semaphores(self, ops: Sequence[SemOp], stream: int) -> None:
-        if len(self._kernels) < self._count:
-            # Before this device's first semaphore wait can block a stream (see _load_kernels).
-            ordinal = self.stream_device(stream)
-            if ordinal not in self._kernels:
-                self._load_kernels(ordinal)
+        if len(self._preloaded) < self._count:
+            self._preload(stream)
         params = np.zeros(len(ops), dtype=self._wait_dtype)
         p = params["params"]
         p["fence"]["value"] = [op.value for op in ops]
@@ -370,6 +368,22 @@ class CudaDriver:
         if kernels is None:
             kernels = self._load_kernels(ordinal)
         return kernels[name]
+
+    def _preload(self, stream: int) -> None:
+        """Load the workload kernels before this device's first semaphore wait can block a
+        stream (see _load_kernels). Once per device, and best effort: a user's wait must not
+        fail because the demo's kernels cannot load; their first launch reports that."""
+        try:
+            ordinal = self.stream_device(stream)
+        except CudaError:
+            return  # the wait itself reports a bad stream
+        if ordinal in self._preloaded:
+            return
+        self._preloaded.add(ordinal)
+        try:
+            self._load_kernels(ordinal)
+        except CudaError:
+            pass
 
     def _load_kernels(self, ordinal: int) -> dict[str, int]:
         """Load the workload kernels into ``ordinal``'s primary context, which must be current.

@@ -1,0 +1,104 @@
+"""The CUDA driver's own logic, on a stand-in for the bindings (no GPU needed). What only the
+real driver can show is in tests/gpu/."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+pytest.importorskip("cuda.bindings._v2.driver")
+
+from cuda.bindings._v2 import driver as real
+
+from aiocudasem._driver import SemOp
+from aiocudasem._driver._cuda import CudaDriver
+
+
+class _Bindings:
+    """Just enough of cuda.bindings._v2.driver for one device's primary context."""
+
+    DriverError = real.DriverError
+    NotReadyError = real.NotReadyError
+    external_semaphore_wait_params_v1_dtype = real.external_semaphore_wait_params_v1_dtype
+
+    def __init__(self, library_fails: bool) -> None:
+        self.library_fails = library_fails
+        self.calls: list[str] = []
+        self.current = 0
+
+    def stream_get_device(self, stream: int) -> int:
+        return 0
+
+    def stream_get_ctx(self, stream: int) -> int:
+        return 0xC0
+
+    def device_get(self, ordinal: int) -> int:
+        return 0
+
+    def device_primary_ctx_retain(self, dev: int) -> int:
+        return 0xC0
+
+    def ctx_get_current(self) -> int:
+        return self.current
+
+    def ctx_set_current(self, ctx: int) -> None:
+        self.current = ctx
+
+    def get_error_name(self, status: int) -> str:
+        return f"CUDA_ERROR_{status}"
+
+    def library_load_data(self, *args: Any) -> int:
+        self.calls.append("library_load_data")
+        if self.library_fails:
+            exc = real.DriverError("no")
+            exc.status = 999  # type: ignore[attr-defined]
+            raise exc
+        return 0x11B
+
+    def library_get_kernel(self, lib: int, name: bytes) -> int:
+        return hash(name) & 0xFFFF
+
+    def kernel_get_function(self, kernel: int) -> int:
+        return kernel
+
+    def func_load(self, func: int) -> None:
+        self.calls.append("func_load")
+
+    def func_is_loaded(self, func: int) -> int:
+        return 1
+
+    def wait_external_semaphores_async(self, *args: Any) -> None:
+        self.calls.append("wait")
+
+
+def _driver(bindings: _Bindings) -> CudaDriver:
+    drv = object.__new__(CudaDriver)
+    drv._d = bindings
+    drv._DriverError = real.DriverError
+    drv._NotReady = real.NotReadyError
+    drv._count = 1
+    drv._lock = threading.Lock()
+    drv._devices, drv._ordinals, drv._ctx, drv._probe, drv._kernels = {}, {}, {}, {}, {}
+    drv._kernels_lock = threading.Lock()
+    drv._preloaded = set()
+    drv._wait_dtype = real.external_semaphore_wait_params_v1_dtype
+    return drv
+
+
+def test_the_workload_kernels_are_loaded_before_the_first_wait_once() -> None:
+    b = _Bindings(library_fails=False)
+    drv = _driver(b)
+    drv.wait_semaphores([SemOp(1, value=1)], 0x5)
+    drv.wait_semaphores([SemOp(1, value=2)], 0x5)
+    assert b.calls == ["library_load_data", "func_load", "func_load", "func_load", "wait", "wait"]
+
+
+def test_a_kernel_that_cannot_load_does_not_fail_the_users_wait() -> None:
+    b = _Bindings(library_fails=True)
+    drv = _driver(b)
+    drv.wait_semaphores([SemOp(1, value=1)], 0x5)
+    drv.wait_semaphores([SemOp(1, value=2)], 0x5)
+    # Tried once, then the waits went ahead; the kernels' own launch reports the failure.
+    assert b.calls == ["library_load_data", "wait", "wait"]
