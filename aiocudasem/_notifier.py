@@ -723,10 +723,6 @@ class _Watchdog:
                 if not watchers:
                     del self._watches[key]
 
-    def watched(self) -> int:
-        with self._lock:
-            return len(self._watches)
-
     def _run(self) -> None:
         while True:
             with self._lock:

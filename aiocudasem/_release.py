@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from ._errors import AiocudasemError, DeviceFaultError, DriverUnavailableError
 
-__all__ = ("defer", "flush", "pending", "release")
+__all__ = ("defer", "flush", "pending", "release", "release_quietly")
 
 _deferred: deque[tuple[Callable[[], None], str]] = deque()
 
@@ -57,9 +57,15 @@ def flush() -> None:
         except IndexError:
             return
         try:
-            _run(destroy, what, collected=True)
+            release_quietly(destroy, what)
         except Exception as exc:  # a warning turned into an error must not stop the queue
             del exc
+
+
+def release_quietly(destroy: Callable[[], None], what: str) -> None:
+    """Release as a finalizer must: a faulted context or a parent's driver after fork() is
+    not an error, and other failures become ``RuntimeWarning``."""
+    _run(destroy, what, collected=True)
 
 
 def _run(destroy: Callable[[], None], what: str, *, collected: bool) -> None:

@@ -7,7 +7,6 @@ import enum
 import os
 import sys
 import threading
-import warnings
 import weakref
 from dataclasses import dataclass
 from functools import partial
@@ -248,16 +247,12 @@ def _release_semaphore(driver: Driver, handle: int, collected: bool) -> None:
 
 
 def _destroy_in_thread(driver: Driver, handle: int) -> None:
-    def destroy() -> None:
-        _release.release(partial(driver.destroy_semaphore, handle), "an ExternalSemaphore", False)
-
-    def run() -> None:
-        try:
-            destroy()
-        except AiocudasemError as exc:
-            warnings.warn(f"destroying an ExternalSemaphore failed: {exc}", RuntimeWarning, 1)
-
-    threading.Thread(target=run, name="aiocudasem-release", daemon=True).start()
+    threading.Thread(
+        target=_release.release_quietly,
+        args=(partial(driver.destroy_semaphore, handle), "an ExternalSemaphore"),
+        name="aiocudasem-release",
+        daemon=True,
+    ).start()
 
 
 def import_semaphore(

@@ -254,13 +254,19 @@ def test_close_discards_queued_completions() -> None:
     assert not fd_is_open(fd)
 
 
-def _reuse_fd_number(fd: int) -> int:
-    """Open an eventfd that takes the lowest free number, which must be ``fd``."""
-    new = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-    if new != fd:
-        os.close(new)
-        pytest.skip(f"fd {fd} was not reused (got {new}); another thread opened fds")
-    return new
+def _late_host_calls_write_nothing(fd: int, users: list[int]) -> None:
+    """Give the closed notifier's fd number to a new eventfd, run the outstanding host
+    functions, and check that none of them wrote into the fd that now has that number."""
+    reused = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    try:
+        if reused != fd:
+            pytest.skip(f"fd {fd} was not reused (got {reused}); another thread opened fds")
+        for user in users:
+            host_fn(user)  # the last one frees the state
+        with pytest.raises(BlockingIOError):
+            os.read(reused, 8)
+    finally:
+        os.close(reused)
 
 
 def test_close_with_pending_nodes_closes_fd_now_and_late_host_calls_write_nothing() -> None:
@@ -275,14 +281,7 @@ def test_close_with_pending_nodes_closes_fd_now_and_late_host_calls_write_nothin
     # on a semaphore that is never signalled keeps one outstanding forever).
     assert not fd_is_open(fd)
     # A late host function must not write into the fd number, which someone else now owns.
-    reused = _reuse_fd_number(fd)
-    try:
-        host_fn(a)
-        host_fn(b)  # the last one frees the state
-        with pytest.raises(BlockingIOError):
-            os.read(reused, 8)
-    finally:
-        os.close(reused)
+    _late_host_calls_write_nothing(fd, [a, b])
 
 
 def test_dealloc_with_pending_node_closes_fd_and_state_outlives_it() -> None:
@@ -291,13 +290,7 @@ def test_dealloc_with_pending_node_closes_fd_and_state_outlives_it() -> None:
     user = n.arm(5)
     del n  # tp_dealloc closes; the state outlives the object, the fd does not
     assert not fd_is_open(fd)
-    reused = _reuse_fd_number(fd)
-    try:
-        host_fn(user)
-        with pytest.raises(BlockingIOError):
-            os.read(reused, 8)
-    finally:
-        os.close(reused)
+    _late_host_calls_write_nothing(fd, [user])
 
 
 def test_kick_wakes_the_fd_without_a_completion() -> None:
