@@ -321,6 +321,59 @@ def test_event_captures_only_earlier_work(sim: Sim) -> None:
     drv.event_destroy(ev)
 
 
+def _synchronize_in_thread(drv: SimDriver, event: int) -> tuple[threading.Thread, list[Any]]:
+    """``event_synchronize`` on a helper thread; the list gets "done" or the exception."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            drv.event_synchronize(event)
+            out.append("done")
+        except BaseException as exc:
+            out.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def test_event_synchronize_waits_for_the_recorded_work_only(sim: Sim) -> None:
+    drv = sim.drv
+    s = sim.stream()
+    ev = drv.event_create(0, blocking=True)
+    t, out = _synchronize_in_thread(drv, ev)  # never recorded: returns at once
+    t.join(TIMEOUT)
+    assert out == ["done"]
+    first = sim.gate(s)
+    drv.event_record(ev, s)
+    second = sim.gate(s)  # after the record: not waited for
+    t, out = _synchronize_in_thread(drv, ev)
+    t.join(SHORT)
+    assert t.is_alive()
+    first.set()
+    t.join(TIMEOUT)
+    assert out == ["done"]
+    second.set()
+    sync(drv, s)
+    drv.event_destroy(ev)
+
+
+def test_event_synchronize_raises_when_another_stream_faults_the_device(sim: Sim) -> None:
+    drv = sim.drv
+    s, other = sim.stream(), sim.stream()
+    sem, _ = sim.semaphore()
+    drv.wait_semaphores([SemOp(sem, value=1)], s)  # never signalled
+    ev = drv.event_create(0, blocking=True)
+    drv.event_record(ev, s)
+    t, out = _synchronize_in_thread(drv, ev)
+    t.join(SHORT)
+    assert t.is_alive()
+    drv.launch_trap(other)  # the whole context faults, as a trap does on a GPU
+    t.join(TIMEOUT)
+    assert len(out) == 1 and isinstance(out[0], DeviceFaultError), out
+    assert out[0].status == 719
+
+
 def test_stream_wait_event_captures_the_record_at_call_time(sim: Sim) -> None:
     drv = sim.drv
     s, other = sim.stream(), sim.stream()

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = ("CudaDriver",)
 
 _STREAM_NON_BLOCKING: Final = 0x1
+_EVENT_BLOCKING_SYNC: Final = 0x1
 _EVENT_DISABLE_TIMING: Final = 0x2
 _CC_MAJOR: Final = 75  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
 _CC_MINOR: Final = 76
@@ -254,10 +255,11 @@ class CudaDriver:
 
     # ------------------------------------------------------------------ events
 
-    def event_create(self, ordinal: int, timing: bool = False) -> int:
+    def event_create(self, ordinal: int, timing: bool = False, blocking: bool = False) -> int:
         self._use(ordinal)
+        flags = (0 if timing else _EVENT_DISABLE_TIMING) | (_EVENT_BLOCKING_SYNC if blocking else 0)
         try:
-            return int(self._d.event_create(0 if timing else _EVENT_DISABLE_TIMING))
+            return int(self._d.event_create(flags))
         except self._DriverError as exc:
             self._fail(exc, "cuEventCreate")
 
@@ -281,6 +283,14 @@ class CudaDriver:
         except self._DriverError as exc:
             self._fail(exc, "cuEventQuery")
         return True
+
+    def event_synchronize(self, event: int) -> None:
+        # The driver returns the sticky error as soon as the context faults, whichever stream
+        # trapped (measured on an H200: within 0.2 ms of a query loop seeing it).
+        try:
+            self._d.event_synchronize(event)
+        except self._DriverError as exc:
+            self._fail(exc, "cuEventSynchronize")
 
     def event_elapsed_ms(self, start: int, end: int) -> float:
         try:

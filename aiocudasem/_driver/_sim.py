@@ -409,7 +409,8 @@ class SimDriver:
         self._check_device(ev.device, what)
         return ev
 
-    def event_create(self, ordinal: int, timing: bool = False) -> int:
+    def event_create(self, ordinal: int, timing: bool = False, blocking: bool = False) -> int:
+        # Every simulated synchronize sleeps on a condition: ``blocking`` changes nothing.
         with self._lock:
             self._check_device(ordinal, "cuEventCreate")
             handle = next(self._ids)
@@ -438,6 +439,13 @@ class SimDriver:
         with self._lock:
             ev = self._event(event, "cuEventQuery")
             return ev.stream is None or ev.stream.done >= ev.seq
+
+    def event_synchronize(self, event: int) -> None:
+        with self._lock:
+            ev = self._event(event, "cuEventSynchronize")
+            src, seq = ev.stream, ev.seq
+        if src is not None and not self._block_until(ev.device, lambda: src.done >= seq):
+            raise _error(self._faults[ev.device], "cuEventSynchronize")
 
     def event_elapsed_ms(self, start: int, end: int) -> float:
         with self._lock:
