@@ -197,6 +197,18 @@ class _SideStreams:
         if side is not None:
             driver.stream_destroy(side)
 
+    def record_behind(self, driver: Driver, work: int, event: int) -> bool:
+        """Record ``event`` on the side stream that serves ``work``, behind the host functions
+        queued there; False if there is none. From any thread: the lock keeps the side stream
+        from being destroyed meanwhile (``drop`` and eviction remove it under the lock first)."""
+        with self._lock:
+            table = self._streams.get(driver)
+            side = None if table is None else table.get(work)
+            if side is None:
+                return False
+            driver.event_record(event, side)
+            return True
+
     def count(self, driver: Driver) -> int:
         with self._lock:
             return len(self._streams.get(driver, ()))
@@ -689,78 +701,164 @@ async def _lifetime(ref: weakref.ref[Notifier]) -> AsyncGenerator[None, None]:
             notifier.close()
 
 
-class _Watchdog:
-    """One process-wide thread that detects device faults for parked loops.
+class _Sentry:
+    """The fault watch of one device: the notifiers parked on it, and the thread that watches.
+    It names its driver weakly, so that an idle watch never keeps a driver alive."""
 
-    It runs only while some loop has parked coroutines: then, every ``Tuning.watchdog``
-    seconds, it asks each device they wait on whether its context hit a sticky error, and wakes
-    only the loops parked on a device that did. It also runs the releases that finalizers
-    deferred. It never touches a loop's state beyond setting a flag and kicking its fd."""
+    __slots__ = ("device", "driver", "event", "notifiers", "thread")
+
+    def __init__(self, driver: Driver, device: int) -> None:
+        self.driver = weakref.ref(driver)
+        self.device = device
+        self.notifiers: dict[Notifier, None] = {}
+        self.thread: threading.Thread | None = None
+        self.event: int | None = None  # the blocking-sync event, while the thread lives
+
+
+class _Watchdog:
+    """Detects device faults for parked loops, with one thread per device parked on.
+
+    CUDA never calls a host function after a context error, so without this a fault would leave
+    parked coroutines asleep forever. The thread of a device sleeps *in the driver*: it records
+    an event created with ``CU_EVENT_BLOCKING_SYNC`` behind the host function of a parked
+    point, on that point's side stream, and blocks in ``cuEventSynchronize``. That costs no CPU,
+    and the driver returns the sticky error as soon as the context faults, whichever stream
+    trapped. When the event completes instead (the point's work finished), the thread looks for
+    another parked point, at most once per ``Tuning.watchdog`` seconds; with no point to block
+    behind, it asks the driver every ``Tuning.watchdog`` seconds. So a fault is noticed at once
+    while the device is parked, within one period while it is busy, and a parked device costs
+    no wake-up at all.
+
+    On a fault it flags the loops parked on the device and kicks their fds; it never touches a
+    loop's state otherwise. It reads a snapshot of their armed points, and records on a side
+    stream under the side-stream lock. A thread with nothing to watch ends after a while; one
+    blocked behind work that never completes (a semaphore nobody signals) stays blocked, and
+    keeps watching its device."""
+
+    _IDLE: Final = 10.0  # a device thread with nothing to watch ends after this many seconds
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._watches: dict[tuple[Driver, int], dict[Notifier, None]] = {}
-        self._thread: threading.Thread | None = None
+        self._sentries: weakref.WeakKeyDictionary[Driver, dict[int, _Sentry]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def add(self, notifier: Notifier, key: tuple[Driver, int]) -> None:
+        drv, device = key
         with self._lock:
-            idle = not self._watches
-            self._watches.setdefault(key, {})[notifier] = None
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="aiocudasem-watchdog", daemon=True
+            per_device = self._sentries.setdefault(drv, {})
+            sentry = per_device.get(device)
+            if sentry is None:
+                sentry = per_device[device] = _Sentry(drv, device)
+            idle = not sentry.notifiers
+            sentry.notifiers[notifier] = None
+            if sentry.thread is None:
+                sentry.thread = threading.Thread(
+                    target=self._run,
+                    args=(sentry,),
+                    name=f"aiocudasem-watchdog-{drv.name}:{device}",
+                    daemon=True,
                 )
-                self._thread.start()
+                sentry.thread.start()
             elif idle:
-                self._wake.notify()
+                self._wake.notify_all()
 
     def remove(self, notifier: Notifier, key: tuple[Driver, int]) -> None:
+        drv, device = key
         with self._lock:
-            watchers = self._watches.get(key)
-            if watchers is not None:
-                watchers.pop(notifier, None)
-                if not watchers:
-                    del self._watches[key]
+            sentry = self._sentries.get(drv, {}).get(device)
+            if sentry is not None:
+                sentry.notifiers.pop(notifier, None)
 
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                while not self._watches:
-                    self._wake.wait()
-            _release.flush()
-            self._check_once()
-            self._sleep()
+    def _run(self, sentry: _Sentry) -> None:
+        try:
+            while self._until_watched(sentry):
+                started = time.monotonic()
+                self._look(sentry)
+                # At most one look per period: a busy device costs a few wake-ups a second.
+                _sleep_until(started + _tuning.watchdog)
+        finally:
+            drv, event = sentry.driver(), sentry.event
+            sentry.event = None
+            if drv is not None and event is not None:
+                _release.release_quietly(lambda: drv.event_destroy(event), "a watchdog event")
 
-    @staticmethod
-    def _sleep() -> None:
-        # time.sleep: a wake costs about half of a timed Condition.wait's (measured: 78 against
-        # 170 us of thread CPU on a small VM), and this wakes a dozen times a second while
-        # anything is parked. A long period is slept in slices, so that configure() applies
-        # within 0.1 s.
-        period = _tuning.watchdog
-        if period <= _SLICE:
-            time.sleep(period)
+    def _until_watched(self, sentry: _Sentry) -> bool:
+        """Wait until some loop is parked on the sentry's device; False if none came for a
+        while (the thread then ends, and the next parked loop starts another)."""
+        with self._lock:
+            deadline = time.monotonic() + self._IDLE
+            while not sentry.notifiers:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    sentry.thread = None
+                    drv = sentry.driver()
+                    per_device = None if drv is None else self._sentries.get(drv)
+                    if per_device is not None and per_device.get(sentry.device) is sentry:
+                        del per_device[sentry.device]
+                    return False
+                self._wake.wait(left)
+            return True
+
+    def _look(self, sentry: _Sentry) -> None:
+        """Sleep in the driver behind parked work until it completes or the device faults, or
+        just ask the driver if nothing parked can be found. The driver is referenced only
+        during this call."""
+        drv = sentry.driver()
+        if drv is None:
             return
-        end = time.monotonic() + period
-        while _tuning.watchdog == period and (left := end - time.monotonic()) > 0:
-            time.sleep(min(left, _SLICE))
+        _release.flush()
+        try:
+            if sentry.event is None:
+                sentry.event = drv.event_create(sentry.device, blocking=True)
+            if not self._block_behind_parked(drv, sentry, sentry.event):
+                drv.check_health(sentry.device)
+        except AiocudasemError:
+            self._check(drv, sentry)
+        except Exception:  # a broken driver: keep watching, at the slow pace
+            pass
 
-    def _check_once(self) -> None:
-        # A method of its own, so that no driver stays referenced from the sleeping frame.
+    def _block_behind_parked(self, drv: Driver, sentry: _Sentry, event: int) -> bool:
+        """Record ``event`` behind the host function of the oldest point parked on the device
+        and block until it completes or the device faults (then raise). False if no parked
+        point was found."""
         with self._lock:
-            keys = list(self._watches)
-        for key in keys:
-            drv, device = key
-            try:
-                drv.check_health(device)
-            except AiocudasemError:
-                with self._lock:
-                    notifiers = list(self._watches.get(key, ()))
-                for n in notifiers:
-                    n._fault_detected()
-            except Exception:  # a broken driver must not end fault detection for the others
-                continue
+            notifiers = list(sentry.notifiers)
+        heads: list[Point] = []
+        for n in notifiers:
+            heads.extend(n._heads.values())  # a snapshot: list() of a dict is atomic here
+        heads.sort(key=lambda p: p.started)
+        for p in heads:
+            mine = p.driver is drv and p.device == sentry.device and not p.done
+            if mine and side_streams.record_behind(drv, p.stream, event):
+                drv.event_synchronize(event)
+                return True
+        return False
+
+    def _check(self, drv: Driver, sentry: _Sentry) -> None:
+        """A driver call failed: if the device reports a sticky error, wake its parked loops."""
+        try:
+            drv.check_health(sentry.device)
+        except AiocudasemError:
+            with self._lock:
+                notifiers = list(sentry.notifiers)
+            for n in notifiers:
+                n._fault_detected()
+        except Exception:
+            pass
+
+
+def _sleep_until(deadline: float) -> None:
+    # time.sleep: a wake costs about half of a timed Condition.wait's (measured: 78 against
+    # 170 us of thread CPU on a small VM). A long wait is slept in slices, so that a smaller
+    # configure(watchdog=...) applies within 0.1 s.
+    period = _tuning.watchdog
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(left, _SLICE))
+        if _tuning.watchdog < period:
+            deadline -= period - _tuning.watchdog
+            period = _tuning.watchdog
 
 
 _watchdog = _Watchdog()

@@ -5,8 +5,8 @@ that thread may be holding a lock the release needs: the simulated device's lock
 allocates, the side-stream table's lock, a driver's own. Calling the driver from there can
 deadlock. So a finalizer only queues the release (``deque.append`` takes no lock that Python
 code can hold), and :func:`flush` runs the queue at safe points: when the library is next
-entered (a stream or semaphore is created, a wait starts), from the fault watchdog thread, and
-at interpreter exit.
+entered (a stream or semaphore is created, a wait starts), from a fault watchdog thread each
+time it looks for parked work, and at interpreter exit.
 """
 
 from __future__ import annotations

@@ -5,11 +5,14 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from aiocudasem.testing import SimDriver
+
+if TYPE_CHECKING:
+    from aiocudasem._driver import Driver
 
 _BACKENDS: list[Any] = [
     pytest.param(("asyncio", {"use_uvloop": False}), id="asyncio"),
@@ -69,6 +72,15 @@ def fd_targets(fds: set[int]) -> dict[int, str]:
         except OSError:
             out[fd] = "?"
     return out
+
+
+def watchdog_events(driver: Driver) -> set[int]:
+    """The events that the fault watchdog's threads hold on ``driver``'s devices."""
+    from aiocudasem import _notifier
+
+    with _notifier._watchdog._lock:
+        sentries = list(_notifier._watchdog._sentries.get(driver, {}).values())
+    return {s.event for s in sentries if s.event is not None}
 
 
 @pytest.fixture

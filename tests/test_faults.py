@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import anyio
 import pytest
 
@@ -116,3 +118,69 @@ async def test_stuck_producer_times_out_cleanly(sim: SimDriver) -> None:
         with anyio.fail_after(5):
             await s.wait_complete()
     await sem.aclose()
+
+
+async def _fault_latency(sim: SimDriver, stream: acs.Stream, *, before_fault: float) -> float:
+    """Park three waiters on ``stream``, inject a fault ``before_fault`` seconds later, and
+    return how long the last waiter took to get its DeviceFaultError."""
+    failed: list[float] = []
+
+    async def wait() -> None:
+        with pytest.raises(acs.DeviceFaultError):
+            await stream.wait_complete()
+        failed.append(time.perf_counter())
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(wait)
+            await anyio.sleep(before_fault)
+            t0 = time.perf_counter()
+            sim.inject_fault(0)
+    assert len(failed) == 3
+    return max(failed) - t0
+
+
+async def test_a_fault_reaches_parked_waiters_without_a_periodic_check(
+    sim: SimDriver, parked: None
+) -> None:
+    """The watchdog thread sleeps in the driver behind the parked work, so a fault reaches the
+    waiters at once even when its periodic check is a minute away."""
+    acs.configure(watchdog=60)
+    s = acs.open_stream(driver=sim)
+    hold(s)
+    took = await _fault_latency(sim, s, before_fault=0.1)
+    assert took < 0.1, took
+    with pytest.raises(acs.DeviceFaultError):
+        await s.aclose()
+
+
+async def test_the_watchdog_moves_on_when_the_work_it_sleeps_behind_completes(
+    sim: SimDriver, parked: None
+) -> None:
+    """The watchdog sleeps behind the oldest parked point. When that completes it moves behind
+    another one within a period, not only checking once a period from then on."""
+    period = 0.3
+    acs.configure(watchdog=period)
+    first = acs.open_stream(driver=sim)
+    second = acs.open_stream(driver=sim)
+    first_gate = hold(first)
+    hold(second)
+    took: list[float] = []
+
+    async def fault_second() -> None:
+        # A period from now the watchdog sleeps behind `second`; a fault half a period after
+        # that is seen at once, where a periodic check would still be a half period away.
+        took.append(await _fault_latency(sim, second, before_fault=1.5 * period))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(first.wait_complete)  # the oldest: the watchdog sleeps behind it
+        await anyio.wait_all_tasks_blocked()
+        await anyio.sleep(0.01)
+        tg.start_soon(fault_second)
+        await anyio.wait_all_tasks_blocked()
+        first_gate.set()
+    assert took[0] < 0.1, took
+    for s in (first, second):
+        with pytest.raises(acs.DeviceFaultError):
+            await s.aclose()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import statistics
+import threading
 import time
 
 import anyio
@@ -173,3 +174,57 @@ async def test_surplus_host_wait_streams_take_their_side_streams_along(
     assert side_streams.count(sim) <= 64
     for sem, _ in pairs:
         await sem.aclose()
+
+
+def _times_scheduled(thread: threading.Thread) -> int:
+    """How often Linux has run ``thread`` (schedstat's third field): one per wake-up."""
+    with open(f"/proc/self/task/{thread.native_id}/schedstat") as f:
+        return int(f.read().split()[2])
+
+
+async def test_a_parked_device_costs_the_watchdog_no_wake_ups(sim: SimDriver, parked: None) -> None:
+    """The fault watchdog sleeps in the driver behind the parked work: however short its period,
+    its thread is not woken while nothing completes (a periodic check would wake 60 times
+    here)."""
+    from aiocudasem import _notifier
+
+    acs.configure(watchdog=0.005)
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.wait_complete)
+            await anyio.wait_all_tasks_blocked()
+            await anyio.sleep(0.05)  # the thread has started and gone to sleep
+            thread = _notifier._watchdog._sentries[sim][0].thread
+            assert thread is not None and thread.native_id is not None
+            before = _times_scheduled(thread)
+            await anyio.sleep(0.3)
+            assert _times_scheduled(thread) - before <= 1
+            gate.set()
+
+
+async def test_an_idle_watchdog_thread_ends_and_releases_its_event(
+    sim: SimDriver, parked: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiocudasem import _notifier
+    from tests.conftest import watchdog_events
+
+    monkeypatch.setattr(_notifier._watchdog, "_IDLE", 0.05)
+    acs.configure(watchdog=0.01)
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.wait_complete)
+            await anyio.wait_all_tasks_blocked()
+            sentry = _notifier._watchdog._sentries[sim][0]
+            thread = sentry.thread
+            assert thread is not None
+            await anyio.sleep(0.05)
+            assert watchdog_events(sim)  # it sleeps behind the parked work, on its event
+            gate.set()
+        with anyio.fail_after(5):
+            while thread.is_alive():
+                await anyio.sleep(0.01)
+        assert sentry.event is None
+        assert not watchdog_events(sim)
+        assert not _notifier._watchdog._sentries.get(sim)

@@ -299,6 +299,61 @@ def test_trapping_kernel_wakes_waiters_with_an_error(backend: str) -> None:
     assert "woke 5" in proc.stdout
 
 
+_OTHER_STREAM_TRAP_SCRIPT = """
+import anyio, sys, time
+import aiocudasem as acs
+from aiocudasem.vulkan import VulkanDevice
+# A fault must reach parked waiters without any periodic check: the watchdog's period is 30 s,
+# so only its thread, asleep in cuEventSynchronize behind the parked work, can see it in time.
+acs.configure(watchdog=30, spin_limit=0)
+drv = acs.get_driver("cuda")
+vk = VulkanDevice.open(drv.device_uuid(0))
+vsem = vk.create_timeline_semaphore(0)
+sem = acs.import_semaphore(acs.HandleType.TIMELINE_SEMAPHORE_FD, vsem.export_fd(), driver=drv)
+async def main():
+    waiting = acs.open_stream(driver=drv)
+    waiting.enqueue_wait(acs.Wait(sem, 1))  # Vulkan never signals it
+    trapping = acs.open_stream(driver=drv)
+    drv.launch_spin(trapping.handle, 1_000)
+    await trapping.wait_complete()  # the trap kernel's module is loaded before anything waits
+    errors = []
+    async def wait():
+        try:
+            await waiting.wait_complete()
+        except acs.DeviceFaultError as exc:
+            errors.append(exc.status)
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(wait)
+            await anyio.sleep(0.5)  # parked, and the watchdog thread asleep behind them
+            t0 = time.perf_counter()
+            drv.launch_trap(trapping.handle)
+    took = time.perf_counter() - t0
+    print("woke", len(errors), "statuses", sorted(set(errors)), f"after {took:.3f} s")
+    assert len(errors) == 5, errors
+    # The driver itself takes about 0.35 s to report a trap (an event query loop sees it no
+    # sooner); a periodic check would take up to 30 s here.
+    assert took < 2.0, took
+anyio.run(main, backend=sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_trap_on_another_stream_wakes_waiters_parked_on_a_semaphore(backend: str) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run(
+        [sys.executable, "-c", _OTHER_STREAM_TRAP_SCRIPT, backend],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=Path(__file__).parents[2],
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "woke 5" in proc.stdout, proc.stdout
+
+
 async def test_demo_on_the_gpu_with_vulkan(cuda: acs.Driver) -> None:
     from aiocudasem._demo import run_demo
 
