@@ -12,11 +12,11 @@ A *point* is an event recorded on a work stream. Awaiting it goes through up to 
    queued, then hands the role to another. A cancelled drainer therefore loses nobody's wake-up.
 
 A parked loop is woken by a completion or by a device fault, never by a timer. CUDA never calls
-a host function after a context error, so one process-wide *watchdog thread* checks, every
-``Tuning.watchdog`` seconds and only while coroutines are parked, the devices they wait on. When
-one has faulted it flags the loops parked on it and kicks their fds; their drainers then fail
-the affected points with :class:`DeviceFaultError`. The watchdog is never the path by which an
-ordinary completion is noticed.
+a host function after a context error, so a *watchdog thread* per device that coroutines are
+parked on sleeps in ``cuEventSynchronize`` behind their work, which returns at once if the
+context faults (see :class:`_Watchdog`). It then flags the loops parked on that device and kicks
+their fds; their drainers fail the affected points with :class:`DeviceFaultError`. The watchdog
+is never the path by which an ordinary completion is noticed.
 
 There is one :class:`Notifier` per event-loop run (an anyio ``RunVar``), with one fd. It is
 closed when its loop ends (through the loop's async-generator finalization, which asyncio,
@@ -65,9 +65,10 @@ class Tuning:
     spin_limit: float = 250e-6
     #: At most this many coroutines per event loop spin at once; the rest park at once.
     max_spinners: int = 8
-    #: How often the watchdog thread checks the devices that parked coroutines wait on for a
-    #: sticky error, in seconds: the bound on how long a device fault goes unnoticed. Each
-    #: check wakes one thread (no event loop), only while something is parked.
+    #: The fault watchdog's pace on a busy device, in seconds. Its thread sleeps in the driver
+    #: behind parked work (a fault wakes it at once; a parked device costs nothing); when that
+    #: work completes it moves behind other parked work at most once per period, or asks the
+    #: driver once per period if it finds none. It never wakes an event loop but for a fault.
     watchdog: float = 0.08
 
 
