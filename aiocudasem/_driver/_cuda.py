@@ -29,6 +29,7 @@ __all__ = ("CudaDriver",)
 
 _STREAM_NON_BLOCKING: Final = 0x1
 _EVENT_BLOCKING_SYNC: Final = 0x1
+_MEMHOSTALLOC_PORTABLE: Final = 0x1
 _EVENT_DISABLE_TIMING: Final = 0x2
 _CC_MAJOR: Final = 75  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
 _CC_MINOR: Final = 76
@@ -362,9 +363,10 @@ class CudaDriver:
             raise ValueError("nbytes must be a positive int")
         self._use(0)
         try:
-            return int(self._d.mem_alloc_host_v2(nbytes))
+            # Portable: pinned for every context, so kernels of any device can read it.
+            return int(self._d.mem_host_alloc(nbytes, _MEMHOSTALLOC_PORTABLE))
         except self._DriverError as exc:
-            self._fail(exc, "cuMemAllocHost")
+            self._fail(exc, "cuMemHostAlloc")
 
     def free_pinned(self, ptr: int) -> None:
         try:
