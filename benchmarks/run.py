@@ -27,7 +27,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import anyio
 
@@ -330,10 +330,15 @@ ALL = [
 
 
 class Bench:
-    def __init__(self, drv: acs.Driver, quick: bool) -> None:
+    def __init__(self, drv: acs.Driver, quick: bool, devices: int = 1) -> None:
         self.drv = drv
         self.quick = quick
+        self.devices = devices
         self.streams = [drv.stream_create(0, True, 0) for _ in range(64)]
+        # With several devices: 8 more streams, dealt round-robin over them.
+        self.split = (
+            [drv.stream_create(i % devices, True, 0) for i in range(8)] if devices > 1 else []
+        )
         self.results: dict[str, Any] = {}
         self.cpu_threads: dict[str, dict[str, float]] = {}  # approach -> thread name -> seconds
 
@@ -388,8 +393,13 @@ class Bench:
         self.cpu_threads[ap.name] = by_thread
         return cores
 
-    async def throughput(self, ap: Approach, nstreams: int, seconds: float) -> float:
-        hs = self.streams[:nstreams]
+    async def throughput(
+        self, ap: Approach, nstreams: int, seconds: float, hs: list[int] | None = None
+    ) -> float:
+        """Awaits per second: one task per stream, each launching an empty kernel and awaiting
+        it, over the first ``nstreams`` streams of device 0, or over ``hs``."""
+        if hs is None:
+            hs = self.streams[:nstreams]
         count = 0
         deadline = time.perf_counter() + seconds
 
@@ -474,6 +484,11 @@ class Bench:
         }
 
 
+#: The approaches measured on streams of several devices (``--devices``): those that take any
+#: stream handle as it is (the others bind a library stream object to the current device).
+SPLIT_APPROACHES: Final = ("sync", "poll0", "pycallback", "aiocudasem_parked", "aiocudasem")
+
+
 async def run_asyncio(b: Bench, approaches: list[Approach]) -> None:
     res = b.results
     n = 60 if b.quick else 300
@@ -504,6 +519,9 @@ async def measure(b: Bench, ap: Approach, entry: dict[str, Any], n: int, tput_s:
     say(f"  {ap.name:<18} throughput ...")
     entry["awaits_per_s_1"] = await b.throughput(ap, 1, tput_s)
     entry["awaits_per_s_8"] = await b.throughput(ap, 8, tput_s)
+    if b.split and ap.name in SPLIT_APPROACHES:
+        say(f"  {ap.name:<18} throughput, 8 streams over {b.devices} devices ...")
+        entry["awaits_per_s_8_split"] = await b.throughput(ap, 8, tput_s, b.split)
     if ap.name not in ("sync", "torch_to_thread", "to_thread"):
         say(f"  {ap.name:<18} CPU while parked ...")
         entry["cpu_parked"] = await b.cpu_parked(ap)
@@ -641,6 +659,20 @@ def markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
                 f"{m['rss_growth_mib']:.1f} MiB | {m['p50_us'] / 1e3:.1f} ms "
                 f"| {m['p99_us'] / 1e3:.1f} ms |"
             )
+    split = {
+        n: e for n, e in results.items() if isinstance(e, dict) and "awaits_per_s_8_split" in e
+    }
+    if split:
+        lines += [
+            "",
+            f"## Throughput on 8 streams dealt over {meta.get('devices', 2)} devices",
+            "",
+            "| approach | awaits/s, 8 streams of device 0 | awaits/s, 8 streams over the devices |",
+            "|---|---|---|",
+        ]
+        for e in split.values():
+            one, dealt = fmt(e.get("awaits_per_s_8")), fmt(e["awaits_per_s_8_split"])
+            lines.append(f"| {e['label']} | {one} | {dealt} |")
     if "trio" in results:
         tsync = statistics.median(results["trio"]["sync"]["latency_100us"])
         lines += [
@@ -688,13 +720,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("bench-out"))
     p.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
     p.add_argument("--only", default="", help="comma-separated approach names")
+    p.add_argument(
+        "--devices",
+        type=int,
+        default=1,
+        help="also measure 8-stream throughput with the streams dealt over this many devices",
+    )
     ns = p.parse_args(argv)
     drv = acs.get_driver(ns.driver)
+    if not 1 <= ns.devices <= drv.device_count():
+        p.error(f"--devices must be in [1, {drv.device_count()}] on this machine")
     sim = drv.simulated
     say(
         f"benchmarks on {'the SIMULATED device' if sim else drv.device_name(0)} (driver {drv.name})"
     )
-    b = Bench(drv, ns.quick or sim)
+    b = Bench(drv, ns.quick or sim, ns.devices)
     only = {x for x in ns.only.split(",") if x}
     aps = [cls(drv) for cls in ALL if not only or cls.name in only]
 
@@ -711,6 +751,7 @@ def main(argv: list[str] | None = None) -> int:
         "simulated": sim,
         "gpu": gpu_info(drv),
         "host": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "devices": ns.devices,
         "versions": versions(),
     }
     ns.out.mkdir(parents=True, exist_ok=True)
