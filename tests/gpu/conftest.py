@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -27,8 +30,8 @@ def vk(cuda: acs.Driver) -> Iterator[VulkanDevice]:
     dev.close()
 
 
-def import_vk(vk_sem: object, cuda: acs.Driver) -> acs.ExternalSemaphore:
-    """Export a Vulkan semaphore and import it into CUDA device 0."""
+def import_vk(vk_sem: object, cuda: acs.Driver, device: int = 0) -> acs.ExternalSemaphore:
+    """Export a Vulkan semaphore and import it into CUDA device ``device``."""
     fd = vk_sem.export_fd()  # type: ignore[attr-defined]
     kind = (
         acs.HandleType.TIMELINE_SEMAPHORE_FD
@@ -36,7 +39,25 @@ def import_vk(vk_sem: object, cuda: acs.Driver) -> acs.ExternalSemaphore:
         else acs.HandleType.OPAQUE_FD
     )
     try:
-        return acs.import_semaphore(kind, fd, driver=cuda)
+        return acs.import_semaphore(kind, fd, device=device, driver=cuda)
     except BaseException:
         os.close(fd)
         raise
+
+
+def run_script(script: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``python -c script args`` in a fresh process (a device fault ends CUDA for the rest
+    of a process), with this process' import path, from the repository root; assert that it
+    exited with 0 and return it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=Path(__file__).parents[2],
+    )
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc

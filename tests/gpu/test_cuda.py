@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import anyio
 import numpy as np
@@ -19,7 +16,7 @@ from aiocudasem._driver import SEEN, frame_word
 from aiocudasem._notifier import current_notifier
 from aiocudasem.vulkan import VulkanDevice
 from tests.conftest import open_fds
-from tests.gpu.conftest import import_vk
+from tests.gpu.conftest import import_vk, run_script
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
 
@@ -286,16 +283,7 @@ anyio.run(main, backend=sys.argv[1])
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_trapping_kernel_wakes_waiters_with_an_error(backend: str) -> None:
     # A trap poisons the whole context, so it runs in a process of its own.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.run(
-        [sys.executable, "-c", _TRAP_SCRIPT, backend],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        cwd=Path(__file__).parents[2],
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_script(_TRAP_SCRIPT, backend)
     assert "woke 5" in proc.stdout
 
 
@@ -341,16 +329,7 @@ anyio.run(main, backend=sys.argv[1])
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_trap_on_another_stream_wakes_waiters_parked_on_a_semaphore(backend: str) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.run(
-        [sys.executable, "-c", _OTHER_STREAM_TRAP_SCRIPT, backend],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        cwd=Path(__file__).parents[2],
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_script(_OTHER_STREAM_TRAP_SCRIPT, backend)
     assert "woke 5" in proc.stdout, proc.stdout
 
 

@@ -5,12 +5,8 @@ Skipped, with the reason, on a machine with fewer than two CUDA devices."""
 from __future__ import annotations
 
 import ctypes
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import anyio
 import numpy as np
@@ -19,6 +15,7 @@ import pytest
 import aiocudasem as acs
 from aiocudasem._driver import SEEN, frame_word
 from aiocudasem.vulkan import VulkanDevice
+from tests.gpu.conftest import import_vk, run_script
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
 
@@ -41,17 +38,6 @@ def vks(two: acs.Driver) -> Iterator[list[VulkanDevice]]:
         d.close()
 
 
-def import_on(vk_sem: object, cuda: acs.Driver, device: int) -> acs.ExternalSemaphore:
-    fd = vk_sem.export_fd()  # type: ignore[attr-defined]
-    try:
-        return acs.import_semaphore(
-            acs.HandleType.TIMELINE_SEMAPHORE_FD, fd, device=device, driver=cuda
-        )
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 async def test_vulkan_devices_match_cuda_devices_by_uuid(
     two: acs.Driver, vks: list[VulkanDevice]
 ) -> None:
@@ -63,7 +49,7 @@ async def test_a_device_0_semaphore_on_a_device_1_stream_is_refused_before_enque
     two: acs.Driver, vks: list[VulkanDevice]
 ) -> None:
     vsem = vks[0].create_timeline_semaphore()
-    sem0 = import_on(vsem, two, 0)
+    sem0 = import_vk(vsem, two, 0)
     assert sem0.device == 0
     async with acs.open_stream(1, driver=two) as s1, acs.open_stream(0, driver=two) as s0:
         with pytest.raises(acs.DeviceMismatchError, match="device 0"):
@@ -108,7 +94,7 @@ async def test_a_handoff_on_each_device_at_once_from_one_loop(
     async def pipeline(device: int) -> None:
         vk = vks[device]
         vready, vdone = vk.create_timeline_semaphore(), vk.create_timeline_semaphore()
-        ready, done = import_on(vready, two, device), import_on(vdone, two, device)
+        ready, done = import_vk(vready, two, device), import_vk(vdone, two, device)
         buf = two.alloc_pinned(words * 4)
         out = two.alloc_pinned(4 * (frames + 1))
         try:
@@ -269,15 +255,5 @@ def test_a_fault_on_device_0_wakes_its_waiters_and_device_1_follows_the_driver(
     faulted too (an H200 pair with driver 580 does: a trap on one device poisons the primary
     contexts of both). Either way nobody hangs. A fault is for the life of the process: this
     runs in a process of its own."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.run(
-        [sys.executable, "-c", _FAULT_SCRIPT, backend],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        env=env,
-        cwd=Path(__file__).parents[2],
-    )
-    print(proc.stdout)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_script(_FAULT_SCRIPT, backend, timeout=90)
     assert "device 0 refuses new streams" in proc.stdout, proc.stdout
