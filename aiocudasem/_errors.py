@@ -10,6 +10,8 @@ for CUDA, a ``VkResult`` for Vulkan), never only in the message.
 
 from __future__ import annotations
 
+import copy
+
 __all__ = (
     "AiocudasemError",
     "CudaError",
@@ -40,10 +42,18 @@ STICKY_STATUSES: frozenset[int] = frozenset(
 )
 
 
+def _rebuild(cls: type[BaseException], args: tuple[object, ...]) -> BaseException:
+    # What unpickling and copy.copy call: the exception's message without its __init__, whose
+    # signature varies by class; __reduce__'s state then restores every field.
+    return cls.__new__(cls, *args)
+
+
 class AiocudasemError(Exception):
     """Base class of the library's errors.
 
     ``status`` is the driver's status code where a driver reported the failure, else ``None``.
+    Every error of the library can be copied and pickled with all its fields (``status``,
+    ``name``, ``reason``), so it can cross a process boundary.
     """
 
     status: int | None
@@ -51,6 +61,18 @@ class AiocudasemError(Exception):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild, (type(self), self.args), self.__dict__)
+
+    def _for_waiter(self) -> AiocudasemError:
+        """A copy of this error for one more waiter: the same type, fields, cause and context,
+        with a traceback of its own (one shared object would pile up every waiter's frames)."""
+        fresh = copy.copy(self)
+        fresh.__cause__ = self.__cause__
+        fresh.__context__ = self.__context__
+        fresh.__suppress_context__ = self.__suppress_context__
+        return fresh
 
 
 class CudaError(AiocudasemError):

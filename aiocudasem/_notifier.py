@@ -40,7 +40,7 @@ import anyio
 import anyio.lowlevel
 
 from . import _notify, _release
-from ._errors import AiocudasemError, CudaError, DriverUnavailableError
+from ._errors import AiocudasemError
 
 if TYPE_CHECKING:
     from ._driver import Driver
@@ -296,12 +296,7 @@ class Point:
     def _raise_if_failed(self) -> None:
         err = self.error
         if err is not None:
-            # A fresh exception per waiter, so tracebacks of different tasks don't pile up.
-            if isinstance(err, CudaError):
-                raise type(err)(str(err), err.status, err.name)
-            if isinstance(err, DriverUnavailableError):
-                raise DriverUnavailableError(str(err), err.status, reason=err.reason)
-            raise type(err)(str(err), err.status)
+            raise err._for_waiter()
 
 
 class Notifier:

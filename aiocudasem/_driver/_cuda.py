@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
 
 import numpy as np
 
@@ -21,15 +21,17 @@ from .._errors import STICKY_STATUSES, CudaError, DeviceFaultError, DeviceMismat
 from . import SEEN, forked_error, track, unavailable
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from . import SemaphoreDesc, SemOp
 
 __all__ = ("CudaDriver",)
 
+_T = TypeVar("_T")
+
 _STREAM_NON_BLOCKING: Final = 0x1
 _EVENT_BLOCKING_SYNC: Final = 0x1
-_MEMHOSTALLOC_PORTABLE: Final = 0x1
+_PORTABLE: Final = 0x1  # CU_MEMHOSTALLOC_PORTABLE
 _EVENT_DISABLE_TIMING: Final = 0x2
 _CC_MAJOR: Final = 75  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
 _CC_MINOR: Final = 76
@@ -111,6 +113,15 @@ class CudaDriver:
         cls = DeviceFaultError if status in STICKY_STATUSES else CudaError
         raise cls(f"{what} failed: {name} ({status})", status, name) from None
 
+    def _call(self, what: str, fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)``, a binding of ``what``, with its error translated by :meth:`_fail`.
+        The calls of the hot path (record, query, wait on an event, launch a host function)
+        keep their own ``try``: this frame would cost each of them about 0.1 us."""
+        try:
+            return fn(*args)
+        except self._DriverError as exc:
+            self._fail(exc, what)
+
     def _use(self, ordinal: int) -> int:
         """Make ``ordinal``'s primary context current on this thread; return it."""
         ctx = self._ctx.get(ordinal)
@@ -144,10 +155,7 @@ class CudaDriver:
 
     def device_uuid(self, ordinal: int) -> bytes:
         self._use(ordinal)
-        try:
-            uuid = self._d.device_get_uuid_v2(self._devices[ordinal])
-        except self._DriverError as exc:
-            self._fail(exc, "cuDeviceGetUuid")
+        uuid = self._call("cuDeviceGetUuid", self._d.device_get_uuid_v2, self._devices[ordinal])
         raw = getattr(uuid, "bytes", uuid)
         if isinstance(raw, (bytes, bytearray)):
             return bytes(raw[:16])
@@ -155,10 +163,7 @@ class CudaDriver:
 
     def device_name(self, ordinal: int) -> str:
         self._use(ordinal)
-        try:
-            raw = self._d.device_get_name(256, self._devices[ordinal])
-        except self._DriverError as exc:
-            self._fail(exc, "cuDeviceGetName")
+        raw = self._call("cuDeviceGetName", self._d.device_get_name, 256, self._devices[ordinal])
         return bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
 
     def check_health(self, ordinal: int) -> None:
@@ -175,10 +180,7 @@ class CudaDriver:
         loading can deadlock a hand-off (docs/lazy-loading.md). Never changes the mode, which
         is process-wide and read once by CUDA. Raises :class:`CudaError`.
         """
-        try:
-            mode = int(self._d.module_get_loading_mode())
-        except self._DriverError as exc:
-            self._fail(exc, "cuModuleGetLoadingMode")
+        mode = int(self._call("cuModuleGetLoadingMode", self._d.module_get_loading_mode))
         name = _LOADING_MODES.get(mode)
         if name is None:
             raise CudaError(
@@ -193,16 +195,14 @@ class CudaDriver:
     def stream_create(self, ordinal: int, non_blocking: bool, priority: int) -> int:
         self._use(ordinal)
         flags = _STREAM_NON_BLOCKING if non_blocking else 0
-        try:
-            return int(self._d.stream_create_with_priority(flags, priority))
-        except self._DriverError as exc:
-            self._fail(exc, "cuStreamCreateWithPriority")
+        return int(
+            self._call(
+                "cuStreamCreateWithPriority", self._d.stream_create_with_priority, flags, priority
+            )
+        )
 
     def stream_destroy(self, stream: int) -> None:
-        try:
-            self._d.stream_destroy_v2(stream)
-        except self._DriverError as exc:
-            self._fail(exc, "cuStreamDestroy")
+        self._call("cuStreamDestroy", self._d.stream_destroy_v2, stream)
 
     def stream_device(self, stream: int) -> int:
         d = self._d
@@ -235,10 +235,7 @@ class CudaDriver:
         return True
 
     def stream_synchronize(self, stream: int) -> None:
-        try:
-            self._d.stream_synchronize(stream)
-        except self._DriverError as exc:
-            self._fail(exc, "cuStreamSynchronize")
+        self._call("cuStreamSynchronize", self._d.stream_synchronize, stream)
 
     def stream_wait_event(self, stream: int, event: int) -> None:
         try:
@@ -259,16 +256,10 @@ class CudaDriver:
     def event_create(self, ordinal: int, timing: bool = False, blocking: bool = False) -> int:
         self._use(ordinal)
         flags = (0 if timing else _EVENT_DISABLE_TIMING) | (_EVENT_BLOCKING_SYNC if blocking else 0)
-        try:
-            return int(self._d.event_create(flags))
-        except self._DriverError as exc:
-            self._fail(exc, "cuEventCreate")
+        return int(self._call("cuEventCreate", self._d.event_create, flags))
 
     def event_destroy(self, event: int) -> None:
-        try:
-            self._d.event_destroy_v2(event)
-        except self._DriverError as exc:
-            self._fail(exc, "cuEventDestroy")
+        self._call("cuEventDestroy", self._d.event_destroy_v2, event)
 
     def event_record(self, event: int, stream: int) -> None:
         try:
@@ -288,16 +279,10 @@ class CudaDriver:
     def event_synchronize(self, event: int) -> None:
         # The driver returns the sticky error as soon as the context faults, whichever stream
         # trapped (measured on an H200: within 0.2 ms of a query loop seeing it).
-        try:
-            self._d.event_synchronize(event)
-        except self._DriverError as exc:
-            self._fail(exc, "cuEventSynchronize")
+        self._call("cuEventSynchronize", self._d.event_synchronize, event)
 
     def event_elapsed_ms(self, start: int, end: int) -> float:
-        try:
-            return float(self._d.event_elapsed_time_v2(start, end))
-        except self._DriverError as exc:
-            self._fail(exc, "cuEventElapsedTime")
+        return float(self._call("cuEventElapsedTime", self._d.event_elapsed_time_v2, start, end))
 
     # ------------------------------------------------------------------ external semaphores
 
@@ -314,16 +299,10 @@ class CudaDriver:
             raw.handle.win32.handle = desc.win32_handle
             raw.handle.win32.name = desc.win32_name
         raw.flags_ = desc.flags
-        try:
-            return int(d.import_external_semaphore(raw.ptr))
-        except self._DriverError as exc:
-            self._fail(exc, "cuImportExternalSemaphore")
+        return int(self._call("cuImportExternalSemaphore", d.import_external_semaphore, raw.ptr))
 
     def destroy_semaphore(self, sem: int) -> None:
-        try:
-            self._d.destroy_external_semaphore(sem)
-        except self._DriverError as exc:
-            self._fail(exc, "cuDestroyExternalSemaphore")
+        self._call("cuDestroyExternalSemaphore", self._d.destroy_external_semaphore, sem)
 
     def wait_semaphores(self, ops: Sequence[SemOp], stream: int) -> None:
         if len(self._preloaded) < self._count:
@@ -335,12 +314,14 @@ class CudaDriver:
         p["keyed_mutex"]["key"] = [op.key for op in ops]
         p["keyed_mutex"]["timeout_ms"] = [op.timeout_ms for op in ops]
         params["flags_"] = [op.flags for op in ops]
-        try:
-            self._d.wait_external_semaphores_async(
-                [op.sem for op in ops], params.ctypes.data, len(ops), stream
-            )
-        except self._DriverError as exc:
-            self._fail(exc, "cuWaitExternalSemaphoresAsync")
+        self._call(
+            "cuWaitExternalSemaphoresAsync",
+            self._d.wait_external_semaphores_async,
+            [op.sem for op in ops],
+            params.ctypes.data,
+            len(ops),
+            stream,
+        )
 
     def signal_semaphores(self, ops: Sequence[SemOp], stream: int) -> None:
         params = np.zeros(len(ops), dtype=self._signal_dtype)
@@ -349,12 +330,14 @@ class CudaDriver:
         p["nv_sci_sync"]["fence"] = [op.nvsci_fence for op in ops]
         p["keyed_mutex"]["key"] = [op.key for op in ops]
         params["flags_"] = [op.flags for op in ops]
-        try:
-            self._d.signal_external_semaphores_async(
-                [op.sem for op in ops], params.ctypes.data, len(ops), stream
-            )
-        except self._DriverError as exc:
-            self._fail(exc, "cuSignalExternalSemaphoresAsync")
+        self._call(
+            "cuSignalExternalSemaphoresAsync",
+            self._d.signal_external_semaphores_async,
+            [op.sem for op in ops],
+            params.ctypes.data,
+            len(ops),
+            stream,
+        )
 
     # ------------------------------------------------------------------ workloads
 
@@ -362,17 +345,11 @@ class CudaDriver:
         if not isinstance(nbytes, int) or nbytes <= 0:
             raise ValueError("nbytes must be a positive int")
         self._use(0)
-        try:
-            # Portable: pinned for every context, so kernels of any device can read it.
-            return int(self._d.mem_host_alloc(nbytes, _MEMHOSTALLOC_PORTABLE))
-        except self._DriverError as exc:
-            self._fail(exc, "cuMemHostAlloc")
+        # Portable: pinned for every context, so kernels of any device can read it.
+        return int(self._call("cuMemHostAlloc", self._d.mem_host_alloc, nbytes, _PORTABLE))
 
     def free_pinned(self, ptr: int) -> None:
-        try:
-            self._d.mem_free_host(ptr)
-        except self._DriverError as exc:
-            self._fail(exc, "cuMemFreeHost")
+        self._call("cuMemFreeHost", self._d.mem_free_host, ptr)
 
     def _kernel(self, stream: int, name: str) -> int:
         ordinal = self.stream_device(stream)  # also makes the device's primary context current
@@ -431,10 +408,7 @@ class CudaDriver:
             if int(getattr(exc, "status", 0)) not in _NO_BINARY_FOR_GPU:
                 self._fail(exc, "cuLibraryLoadData")
         cubin = self._compile(ordinal)
-        try:
-            return int(d.library_load_data(cubin, 0, 0, 0, 0, 0, 0))
-        except self._DriverError as exc:
-            self._fail(exc, "cuLibraryLoadData")
+        return int(self._call("cuLibraryLoadData", d.library_load_data, cubin, 0, 0, 0, 0, 0, 0))
 
     def _compile(self, ordinal: int) -> bytes:
         """NVRTC: the kernels' source as a cubin for ``ordinal``'s architecture (PTX from a
@@ -481,12 +455,13 @@ class CudaDriver:
     def _launch(self, stream: int, name: str, threads: int, *args: Any) -> None:
         kernel = self._kernel(stream, name)
         ptrs = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(a) for a in args])
-        try:
-            self._d.launch_kernel(
-                kernel, 1, 1, 1, threads, 1, 1, 0, stream, ctypes.addressof(ptrs), 0
-            )
-        except self._DriverError as exc:
-            self._fail(exc, "cuLaunchKernel")
+        self._call(
+            "cuLaunchKernel",
+            self._d.launch_kernel,
+            kernel,
+            *(1, 1, 1, threads, 1, 1),  # grid, block
+            *(0, stream, ctypes.addressof(ptrs), 0),  # shared memory, stream, arguments, extra
+        )
 
     def launch_spin(self, stream: int, ns: int) -> None:
         self._launch(stream, "spin", 1, ctypes.c_uint64(ns))
