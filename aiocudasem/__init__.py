@@ -15,10 +15,10 @@ from ._errors import DriverUnavailableError as DriverUnavailableError
 from ._errors import UnsupportedHandleTypeError as UnsupportedHandleTypeError
 from ._errors import VulkanError as VulkanError
 from ._errors import VulkanUnavailableError as VulkanUnavailableError
+from ._handles import HandleType as HandleType
 from ._notifier import Tuning as Tuning
 from ._notifier import configure as configure
 from ._semaphore import ExternalSemaphore as ExternalSemaphore
-from ._semaphore import HandleType as HandleType
 from ._semaphore import Signal as Signal
 from ._semaphore import Wait as Wait
 from ._semaphore import import_semaphore as import_semaphore

@@ -33,7 +33,8 @@ import numpy as np
 
 from ._driver import SEEN, Driver, frame_words, get_driver
 from ._errors import AiocudasemError, DriverUnavailableError
-from ._semaphore import ExternalSemaphore, HandleType, Signal, Wait, import_semaphore
+from ._handles import HandleType
+from ._semaphore import ExternalSemaphore, Signal, Wait, import_semaphore
 from ._stream import Stream, open_stream
 
 

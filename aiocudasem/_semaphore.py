@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import enum
 import os
 import sys
 import threading
@@ -19,6 +18,7 @@ import anyio.to_thread
 from . import _release
 from ._driver import Driver, SemaphoreDesc, SemOp, get_driver
 from ._errors import AiocudasemError, CudaError, UnsupportedHandleTypeError
+from ._handles import HandleInfo, HandleType, info
 from ._notifier import Point, current_notifier, destroy_stream, event_pool, take_event
 from ._release import release
 
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 
 __all__ = (
     "ExternalSemaphore",
-    "HandleType",
     "Signal",
     "Wait",
     "import_semaphore",
@@ -41,47 +40,6 @@ _INFINITE: Final = 0xFFFFFFFF  # Windows' INFINITE, the keyed mutex's "never tim
 _WAIT_SKIP_NVSCIBUF_MEMSYNC: Final = 0x2
 _SIGNAL_SKIP_NVSCIBUF_MEMSYNC: Final = 0x1
 _NOT_SUPPORTED: Final = 801
-
-
-class HandleType(enum.IntEnum):
-    """``CUexternalSemaphoreHandleType``. The values are the driver's."""
-
-    OPAQUE_FD = 1
-    OPAQUE_WIN32 = 2
-    OPAQUE_WIN32_KMT = 3
-    D3D12_FENCE = 4
-    D3D11_FENCE = 5
-    NVSCISYNC = 6
-    D3D11_KEYED_MUTEX = 7
-    D3D11_KEYED_MUTEX_KMT = 8
-    TIMELINE_SEMAPHORE_FD = 9
-    TIMELINE_SEMAPHORE_WIN32 = 10
-
-
-_FD_TYPES: Final = frozenset({HandleType.OPAQUE_FD, HandleType.TIMELINE_SEMAPHORE_FD})
-_WINDOWS_TYPES: Final = frozenset(HandleType) - _FD_TYPES - {HandleType.NVSCISYNC}
-# Types that may be opened by name instead of by handle (the KMT ones may not).
-_NAMED_TYPES: Final = frozenset(
-    {
-        HandleType.OPAQUE_WIN32,
-        HandleType.D3D12_FENCE,
-        HandleType.D3D11_FENCE,
-        HandleType.D3D11_KEYED_MUTEX,
-        HandleType.TIMELINE_SEMAPHORE_WIN32,
-    }
-)
-# Fence semantics: a wait completes at value >= N, a signal sets the value.
-_FENCE_TYPES: Final = frozenset(
-    {
-        HandleType.TIMELINE_SEMAPHORE_FD,
-        HandleType.TIMELINE_SEMAPHORE_WIN32,
-        HandleType.D3D12_FENCE,
-        HandleType.D3D11_FENCE,
-    }
-)
-_KEYED_MUTEX_TYPES: Final = frozenset(
-    {HandleType.D3D11_KEYED_MUTEX, HandleType.D3D11_KEYED_MUTEX_KMT}
-)
 
 
 def resolve_driver(driver: Driver | str | None) -> Driver:
@@ -101,8 +59,8 @@ def check_uint(name: str, value: object, bound: int) -> int:
     return value
 
 
-def _platform_check(handle_type: HandleType) -> None:
-    if handle_type in _WINDOWS_TYPES and sys.platform != "win32":
+def _platform_check(handle_type: HandleType, row: HandleInfo) -> None:
+    if not row.available:
         raise UnsupportedHandleTypeError(
             f"{handle_type.name} handles exist only on Windows; on {sys.platform} import an "
             "fd with HandleType.TIMELINE_SEMAPHORE_FD or HandleType.OPAQUE_FD"
@@ -159,7 +117,7 @@ class ExternalSemaphore:
     def is_timeline(self) -> bool:
         """True for fence-like semaphores (a wait completes at value >= N), False for binary
         ones (one wait per signal), keyed mutexes and NvSciSync objects."""
-        return self._type in _FENCE_TYPES
+        return info(self._type).sync == "fence"
 
     @property
     def closed(self) -> bool:
@@ -226,11 +184,7 @@ class ExternalSemaphore:
         Cancellation cannot take back the enqueued GPU wait: it will still consume the next
         signal. Raises ``TypeError`` for a timeline semaphore.
         """
-        if (
-            self.is_timeline
-            or self._type in _KEYED_MUTEX_TYPES
-            or self._type == HandleType.NVSCISYNC
-        ):
+        if info(self._type).sync != "binary":
             raise TypeError(
                 f"wait_signaled() needs a binary semaphore; this one is {self._type.name}: "
                 "use wait_value(n) for a timeline semaphore"
@@ -291,8 +245,9 @@ def import_semaphore(
         raise TypeError(f"device must be an int ordinal, not {type(device).__name__}")
     if device < 0:
         raise ValueError(f"device must be an ordinal >= 0, not {device}")
+    row = info(kind)
     name_buf: ctypes.Array[ctypes.c_wchar] | None = None
-    if kind in _FD_TYPES:
+    if row.passed_as == "fd":
         if name is not None:
             raise ValueError(f"{kind.name} takes an fd, not a name")
         fd = check_uint("fd", handle, 1 << 31)
@@ -301,7 +256,7 @@ def import_semaphore(
         except OSError:
             raise ValueError(f"fd {fd} is not an open file descriptor") from None
         desc = SemaphoreDesc(int(kind), fd=fd)
-    elif kind == HandleType.NVSCISYNC:
+    elif row.passed_as == "nvsci":
         if name is not None:
             raise ValueError("NVSCISYNC takes an NvSciSyncObj address, not a name")
         obj = check_uint("handle", handle, _U64)
@@ -309,11 +264,11 @@ def import_semaphore(
             raise ValueError("NVSCISYNC needs a non-NULL NvSciSyncObj")
         desc = SemaphoreDesc(int(kind), nvsci_obj=obj)
     else:
-        _platform_check(kind)
+        _platform_check(kind, row)
         if (handle is None) == (name is None):
             raise ValueError(f"{kind.name} needs exactly one of handle= and name=")
         if name is not None:
-            if kind not in _NAMED_TYPES:
+            if not row.by_name:
                 raise ValueError(f"{kind.name} cannot be opened by name; pass handle=")
             if not isinstance(name, str) or not name:
                 raise TypeError("name must be a non-empty str")
@@ -360,7 +315,7 @@ class Wait:
     def __post_init__(self) -> None:
         kind = _check_entry(self.semaphore, self.value, self.key, self.nvsci_fence)
         if self.timeout_ms is not None:
-            if kind not in _KEYED_MUTEX_TYPES:
+            if info(kind).sync != "keyed_mutex":
                 raise ValueError("timeout_ms applies to keyed mutexes only")
             check_uint("timeout_ms", self.timeout_ms, _INFINITE)
         _check_skip(kind, self.skip_nvscibuf_memsync)
@@ -411,14 +366,15 @@ def _check_entry(sem: object, value: int, key: int, nvsci_fence: int) -> HandleT
             "import one with aiocudasem.import_semaphore()"
         )
     kind = sem.handle_type
+    sync = info(kind).sync
     check_uint("value", value, _U64)
     check_uint("key", key, _U64)
     check_uint("nvsci_fence", nvsci_fence, _U64)
-    if value and kind not in _FENCE_TYPES:
+    if value and sync != "fence":
         raise ValueError(f"{kind.name} semaphores take no value; only timelines and fences do")
-    if key and kind not in _KEYED_MUTEX_TYPES:
+    if key and sync != "keyed_mutex":
         raise ValueError("key applies to keyed mutexes only")
-    if nvsci_fence and kind != HandleType.NVSCISYNC:
+    if nvsci_fence and sync != "nvscisync":
         raise ValueError("nvsci_fence applies to NVSCISYNC semaphores only")
     return kind
 
@@ -426,7 +382,7 @@ def _check_entry(sem: object, value: int, key: int, nvsci_fence: int) -> HandleT
 def _check_skip(kind: HandleType, skip: bool) -> None:
     if not isinstance(skip, bool):
         raise TypeError("skip_nvscibuf_memsync must be a bool")
-    if skip and kind != HandleType.NVSCISYNC:
+    if skip and info(kind).sync != "nvscisync":
         raise ValueError("skip_nvscibuf_memsync applies to NVSCISYNC semaphores only")
 
 

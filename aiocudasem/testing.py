@@ -12,7 +12,8 @@ import threading
 
 from ._driver._sim import SimDriver as SimDriver
 from ._driver._sim import SimProducer as SimProducer
-from ._semaphore import ExternalSemaphore, HandleType, import_semaphore
+from ._handles import HandleType
+from ._semaphore import ExternalSemaphore, import_semaphore
 from ._stream import Stream
 
 __all__ = ("SimDriver", "SimProducer", "hold", "import_sim_semaphore")

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
 import numpy as np
 
 from .._errors import STICKY_STATUSES, CudaError, DeviceFaultError, DeviceMismatchError
+from .._handles import info
 from . import SEEN, forked_error, track, unavailable
 
 if TYPE_CHECKING:
@@ -35,8 +36,6 @@ _PORTABLE: Final = 0x1  # CU_MEMHOSTALLOC_PORTABLE
 _EVENT_DISABLE_TIMING: Final = 0x2
 _CC_MAJOR: Final = 75  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
 _CC_MINOR: Final = 76
-_FD_TYPES: Final = frozenset({1, 9})  # OPAQUE_FD, TIMELINE_SEMAPHORE_FD
-_NVSCISYNC: Final = 6
 _KERNEL_NAMES: Final = ("spin", "check_frame", "trap")
 _FUNCTION_LOADED: Final = 1  # CU_FUNCTION_LOADING_STATE_LOADED
 _FUNCTION_NOT_LOADED: Final = 913  # CUDA_ERROR_FUNCTION_NOT_LOADED
@@ -291,9 +290,10 @@ class CudaDriver:
         self._use(ordinal)
         raw = d.ExternalSemaphoreHandleDesc_v1()
         raw.type = desc.handle_type
-        if desc.handle_type in _FD_TYPES:
+        passed_as = info(desc.handle_type).passed_as
+        if passed_as == "fd":
             raw.handle.fd = desc.fd
-        elif desc.handle_type == _NVSCISYNC:
+        elif passed_as == "nvsci":
             raw.handle.nv_sci_sync_obj = desc.nvsci_obj
         else:
             raw.handle.win32.handle = desc.win32_handle

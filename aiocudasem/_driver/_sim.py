@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 
 from .._errors import STICKY_STATUSES, CudaError, DeviceFaultError
+from .._handles import info
 from . import SEEN, forked_error, frame_words, track
 
 if TYPE_CHECKING:
@@ -39,9 +40,6 @@ _INVALID_VALUE: Final = 1
 _INVALID_HANDLE: Final = 400
 _NOT_SUPPORTED: Final = 801
 _LAUNCH_FAILED: Final = 719
-_OPAQUE_FD: Final = 1
-_NVSCISYNC: Final = 6
-_TIMELINE_FD: Final = 9
 
 _HOST_FN_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _U64: Final = 1 << 64
@@ -462,7 +460,7 @@ class SimDriver:
     def import_semaphore(self, ordinal: int, desc: SemaphoreDesc) -> int:
         with self._lock:
             self._check_device(ordinal, "cuImportExternalSemaphore")
-            if desc.handle_type not in (_OPAQUE_FD, _TIMELINE_FD):
+            if info(desc.handle_type).passed_as != "fd":
                 # The simulated platform, like Linux on a discrete GPU, has only fd handles.
                 raise _error(_NOT_SUPPORTED, "cuImportExternalSemaphore")
             sem = self._exports.get(desc.fd)
@@ -472,7 +470,7 @@ class SimDriver:
                 os.fstat(desc.fd)
             except OSError:
                 raise _error(_INVALID_VALUE, "cuImportExternalSemaphore") from None
-            if sem.binary != (desc.handle_type == _OPAQUE_FD):
+            if sem.binary != (info(desc.handle_type).sync == "binary"):
                 raise _error(_INVALID_VALUE, "cuImportExternalSemaphore")
             # Success: the driver owns the fd now, and closes it.
             del self._exports[desc.fd]

@@ -1,0 +1,80 @@
+"""The external semaphore handle types, in one table.
+
+Everything that depends on a handle type reads its row here: how the handle is passed
+(:attr:`HandleInfo.passed_as`), what a wait and a signal mean (:attr:`HandleInfo.sync`), and
+whether it may be opened by name. The API (``_semaphore``) and the drivers share this leaf
+module; it imports nothing from the library.
+
+Adding a type is one :class:`HandleType` member, one row in :data:`HANDLE_TYPES`, and, if it
+is passed in a new way, the branch in each driver's ``import_semaphore`` that fills the
+descriptor.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from dataclasses import dataclass
+from typing import Final, Literal
+
+__all__ = ("HANDLE_TYPES", "HandleInfo", "HandleType", "info")
+
+
+class HandleType(enum.IntEnum):
+    """``CUexternalSemaphoreHandleType``. The values are the driver's."""
+
+    OPAQUE_FD = 1
+    OPAQUE_WIN32 = 2
+    OPAQUE_WIN32_KMT = 3
+    D3D12_FENCE = 4
+    D3D11_FENCE = 5
+    NVSCISYNC = 6
+    D3D11_KEYED_MUTEX = 7
+    D3D11_KEYED_MUTEX_KMT = 8
+    TIMELINE_SEMAPHORE_FD = 9
+    TIMELINE_SEMAPHORE_WIN32 = 10
+
+
+@dataclass(frozen=True, slots=True)
+class HandleInfo:
+    """What the library needs to know about one handle type."""
+
+    #: How the handle travels in ``CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC``: a POSIX fd, a Win32
+    #: ``HANDLE`` (or a name), or an ``NvSciSyncObj`` address.
+    passed_as: Literal["fd", "win32", "nvsci"]
+    #: ``fence``: a wait completes at value >= N and a signal sets the value (timelines and D3D
+    #: fences). ``binary``: one wait consumes one signal. ``keyed_mutex``: acquire and release
+    #: with a key. ``nvscisync``: waits and signals take an ``NvSciSyncFence``.
+    sync: Literal["fence", "binary", "keyed_mutex", "nvscisync"]
+    #: A Win32 type that may be opened by name instead of by handle.
+    by_name: bool = False
+
+    @property
+    def platform(self) -> str | None:
+        """The only platform (``sys.platform``) that has the type, or None for any."""
+        return "win32" if self.passed_as == "win32" else None
+
+    @property
+    def available(self) -> bool:
+        platform = self.platform
+        return platform is None or sys.platform == platform
+
+
+HANDLE_TYPES: Final[dict[HandleType, HandleInfo]] = {
+    HandleType.OPAQUE_FD: HandleInfo("fd", "binary"),
+    HandleType.OPAQUE_WIN32: HandleInfo("win32", "binary", by_name=True),
+    HandleType.OPAQUE_WIN32_KMT: HandleInfo("win32", "binary"),
+    HandleType.D3D12_FENCE: HandleInfo("win32", "fence", by_name=True),
+    HandleType.D3D11_FENCE: HandleInfo("win32", "fence", by_name=True),
+    HandleType.NVSCISYNC: HandleInfo("nvsci", "nvscisync"),
+    HandleType.D3D11_KEYED_MUTEX: HandleInfo("win32", "keyed_mutex", by_name=True),
+    HandleType.D3D11_KEYED_MUTEX_KMT: HandleInfo("win32", "keyed_mutex"),
+    HandleType.TIMELINE_SEMAPHORE_FD: HandleInfo("fd", "fence"),
+    HandleType.TIMELINE_SEMAPHORE_WIN32: HandleInfo("win32", "fence", by_name=True),
+}
+
+
+def info(handle_type: int) -> HandleInfo:
+    """The row of ``handle_type`` (a :class:`HandleType` or its int value). Raises
+    ``ValueError`` for a value that is not a handle type."""
+    return HANDLE_TYPES[HandleType(handle_type)]
