@@ -31,11 +31,12 @@ from typing import Protocol
 import anyio
 import numpy as np
 
-from ._driver import SEEN, Driver, frame_words, get_driver
+from ._driver import Driver, get_driver
 from ._errors import AiocudasemError, DriverUnavailableError
 from ._handles import HandleType
 from ._semaphore import ExternalSemaphore, Signal, Wait, import_semaphore
 from ._stream import Stream, open_stream
+from .testing import SEEN, frame_words, workloads
 
 
 class _Producer(Protocol):
@@ -135,8 +136,9 @@ async def run_demo(
     kind = "SIMULATED device" if driver.simulated else f"real GPU: {driver.device_name(device)}"
     say(f"driver: {driver.name} ({kind}), device {device}")
     nbytes = buffers * words * 4
-    buf_ptr = driver.alloc_pinned(nbytes)
-    out_ptr = driver.alloc_pinned(4 * (frames + 1))
+    work = workloads(driver)
+    buf_ptr = work.alloc_pinned(nbytes)
+    out_ptr = work.alloc_pinned(4 * (frames + 1))
     try:
         bufs = np.ctypeslib.as_array((ctypes.c_uint32 * (buffers * words)).from_address(buf_ptr))
         bufs = bufs.reshape(buffers, words)
@@ -146,7 +148,7 @@ async def run_demo(
             # Load (on a GPU: compile) the kernel before any frame is timed. Frame 0 is unused.
             stream = driver.stream_create(device, True, 0)
             try:
-                driver.launch_check_frame(stream, buf_ptr, words, 0, out_ptr)
+                work.launch_check_frame(stream, buf_ptr, words, 0, out_ptr)
                 driver.stream_synchronize(stream)
             finally:
                 driver.stream_destroy(stream)
@@ -178,8 +180,8 @@ async def run_demo(
                 max(60.0, frames * 0.05) if give_up_after is None else give_up_after,
             )
     finally:
-        driver.free_pinned(buf_ptr)
-        driver.free_pinned(out_ptr)
+        work.free_pinned(buf_ptr)
+        work.free_pinned(out_ptr)
 
 
 async def _pipeline(
@@ -200,6 +202,7 @@ async def _pipeline(
     wait_for_reuse: bool,
     give_up_after: float,
 ) -> DemoResult:
+    work = workloads(driver)
     ready_sem = _import(driver, device, ready)
     done_sems: list[ExternalSemaphore] = []
     streams: list[Stream] = []
@@ -233,7 +236,7 @@ async def _pipeline(
             for n in range(k + 1, frames + 1, consumers):
                 slot = buf_ptr + (n % buffers) * words * 4
                 async with stream.handoff(Wait(ready_sem, n), Signal(done_sems[k], n)):
-                    driver.launch_check_frame(stream.handle, slot, words, n, out_ptr)
+                    work.launch_check_frame(stream.handle, slot, words, n, out_ptr)
                 resumed[n] = time.perf_counter()
                 if n % max(1, frames // 8) == 0 or n == frames:
                     say(f"  frame {n:>5}/{frames} handed back")

@@ -1,9 +1,13 @@
-"""Helpers to test code that uses aiocudasem, on the simulated device.
+"""Helpers to test code that uses aiocudasem, on the simulated device and on the GPU.
 
 ``SimDriver`` is a full driver: pass it (or ``driver="sim"``) wherever a ``driver=`` argument
 is taken. Its ``create_semaphore`` returns a :class:`SimProducer`, the host side of an external
 semaphore (what Vulkan or a peer process would hold), and ``inject_fault`` puts a device into
 a sticky error as a trapped kernel would.
+
+:func:`workloads` gives work to put on streams, on the simulated device and on the CUDA driver
+alike: pinned memory, a kernel that runs for a given time, one that checks a frame of data, and
+one that traps.
 """
 
 from __future__ import annotations
@@ -15,8 +19,23 @@ from ._driver._sim import SimProducer as SimProducer
 from ._handles import HandleType
 from ._semaphore import ExternalSemaphore, import_semaphore
 from ._stream import Stream
+from ._workloads import SEEN as SEEN
+from ._workloads import Workloads as Workloads
+from ._workloads import frame_word as frame_word
+from ._workloads import frame_words as frame_words
+from ._workloads import workloads as workloads
 
-__all__ = ("SimDriver", "SimProducer", "hold", "import_sim_semaphore")
+__all__ = (
+    "SEEN",
+    "SimDriver",
+    "SimProducer",
+    "Workloads",
+    "frame_word",
+    "frame_words",
+    "hold",
+    "import_sim_semaphore",
+    "workloads",
+)
 
 
 def import_sim_semaphore(

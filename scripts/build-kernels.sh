@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Rebuild aiocudasem/_kernels/kernels.fatbin from kernels.cu (needs nvcc, CUDA 12.8 or later for
+# Rebuild aiocudasem/_workloads/kernels/kernels.fatbin from kernels.cu (needs nvcc, CUDA 12.8 or later for
 # sm_120). Run it after changing kernels.cu and commit both; tests/test_kernels.py checks that
 # kernels.sha256 matches the source.
 set -eu -o pipefail
-cd "$(dirname "$0")/../aiocudasem/_kernels"
+cd "$(dirname "$0")/../aiocudasem/_workloads/kernels"
 archs="75 80 86 89 90 100 120"
 gencode=()
 for a in $archs; do gencode+=(-gencode "arch=compute_$a,code=sm_$a"); done

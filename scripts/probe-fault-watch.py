@@ -47,11 +47,13 @@ def thread_cpu_ns() -> dict[int, int]:
 def child(case: str, window: float) -> dict[str, Any]:
     from cuda.bindings._v2 import driver as d
 
-    from aiocudasem._driver import SemaphoreDesc, SemOp, get_driver
+    from aiocudasem.lowlevel import SemaphoreDesc, SemOp, get_driver
+    from aiocudasem.testing import workloads
 
     drv = get_driver("cuda")
     parked, side, trapping = (drv.stream_create(0, True, 0) for _ in range(3))
-    drv.launch_spin(trapping, 1_000)  # the probe's kernels are loaded before anything waits
+    # The probe's kernels are loaded before anything waits.
+    workloads(drv).launch_spin(trapping, 1_000)
     drv.stream_synchronize(trapping)
     keep: list[Any] = []
     if case == "semaphore":
@@ -63,7 +65,7 @@ def child(case: str, window: float) -> dict[str, Any]:
         sem = drv.import_semaphore(0, SemaphoreDesc(9, fd=vsem.export_fd()))
         drv.wait_semaphores([SemOp(sem, 1)], parked)  # never signalled
     else:
-        drv.launch_spin(parked, 4_000_000_000)
+        workloads(drv).launch_spin(parked, 4_000_000_000)
     point = drv.event_create(0)
     drv.event_record(point, parked)
     drv.stream_wait_event(side, point)
@@ -98,7 +100,7 @@ def child(case: str, window: float) -> dict[str, Any]:
         "still_blocked_before_trap": "t" not in result,
     }
     t_trap = time.perf_counter()
-    drv.launch_trap(trapping)
+    workloads(drv).launch_trap(trapping)
     while True:
         try:
             drv.check_health(0)

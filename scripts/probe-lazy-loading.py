@@ -77,6 +77,7 @@ class Rig:
 
         import aiocudasem as acs
         from aiocudasem._driver._cuda import CudaDriver
+        from aiocudasem.testing import workloads
         from aiocudasem.vulkan import VulkanDevice
 
         self.d: Any = d
@@ -89,13 +90,13 @@ class Rig:
         self.sem = self.import_timeline(self.vsem)
         self.S = drv.stream_create(0, True, 0)
         self.T = drv.stream_create(0, True, 0)
-        self.out = drv.alloc_pinned(4096)
+        self.out = workloads(drv).alloc_pinned(4096)
         ctypes.memset(self.out, 0, 4096)
         self._core: dict[int, Any] = {}
         self._config: Any = None
 
     def import_timeline(self, vsem: Any) -> int:
-        from aiocudasem._driver import SemaphoreDesc
+        from aiocudasem.lowlevel import SemaphoreDesc
 
         return self.drv.import_semaphore(0, SemaphoreDesc(_TIMELINE_FD, fd=vsem.export_fd()))
 
@@ -141,7 +142,7 @@ class Rig:
     # ---- the experiment's skeleton
 
     def block(self, *more: int) -> None:
-        from aiocudasem._driver import SemOp
+        from aiocudasem.lowlevel import SemOp
 
         for stream in (self.S, *more):
             self.drv.wait_semaphores([SemOp(self.sem, value=1)], stream)
@@ -508,7 +509,8 @@ G_OPS: dict[str, str] = {
 )
 def _own_operations(rig: Rig, args: list[str]) -> None:
     from aiocudasem import _notify
-    from aiocudasem._driver import SEEN, SemaphoreDesc, SemOp, frame_words
+    from aiocudasem.lowlevel import SemaphoreDesc, SemOp
+    from aiocudasem.testing import SEEN, frame_words, workloads
 
     drv = rig.drv
     names = args or list(G_OPS)
@@ -518,9 +520,9 @@ def _own_operations(rig: Rig, args: list[str]) -> None:
     fd2 = keep[0].export_fd()
     unused = rig.import_timeline(keep[1])
     sig = rig.import_timeline(keep[2])
-    doomed = drv.alloc_pinned(4096)
+    doomed = workloads(drv).alloc_pinned(4096)
     words = 64
-    buf = drv.alloc_pinned(4 * words)
+    buf = workloads(drv).alloc_pinned(4 * words)
     ctypes.memmove(buf, frame_words(1, words).ctypes.data, 4 * words)
     notifier = _notify.Notifier()
     done: set[str] = set()
@@ -552,13 +554,13 @@ def _own_operations(rig: Rig, args: list[str]) -> None:
         elif name == "check_health":
             drv.check_health(0)
         elif name == "alloc_pinned":
-            drv.alloc_pinned(1 << 20)
+            workloads(drv).alloc_pinned(1 << 20)
         elif name == "free_pinned":
-            drv.free_pinned(doomed)
+            workloads(drv).free_pinned(doomed)
         elif name == "launch_spin":
-            drv.launch_spin(rig.S, 1_000)
+            workloads(drv).launch_spin(rig.S, 1_000)
         elif name == "launch_check_frame":
-            drv.launch_check_frame(rig.S, buf, words, 1, rig.out)
+            workloads(drv).launch_check_frame(rig.S, buf, words, 1, rig.out)
         elif name == "event_destroy":
             drv.event_destroy(ev_s)
         elif name == "stream_destroy_idle":

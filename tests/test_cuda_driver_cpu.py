@@ -12,8 +12,9 @@ pytest.importorskip("cuda.bindings._v2.driver")
 
 from cuda.bindings._v2 import driver as real
 
-from aiocudasem._driver import SemOp
 from aiocudasem._driver._cuda import CudaDriver
+from aiocudasem._workloads._cuda import CudaWorkloads
+from aiocudasem.lowlevel import SemOp
 
 
 class _Bindings:
@@ -80,9 +81,8 @@ def _driver(bindings: _Bindings) -> CudaDriver:
     drv._NotReady = real.NotReadyError
     drv._count = 1
     drv._lock = threading.Lock()
-    drv._devices, drv._ordinals, drv._ctx, drv._probe, drv._kernels = {}, {}, {}, {}, {}
-    drv._kernels_lock = threading.Lock()
-    drv._preloaded = set()
+    drv._devices, drv._ordinals, drv._ctx, drv._probe = {}, {}, {}, {}
+    drv._waited, drv._first_wait_hooks = set(), []
     drv._wait_dtype = real.external_semaphore_wait_params_v1_dtype
     return drv
 
@@ -90,6 +90,7 @@ def _driver(bindings: _Bindings) -> CudaDriver:
 def test_the_workload_kernels_are_loaded_before_the_first_wait_once() -> None:
     b = _Bindings(library_fails=False)
     drv = _driver(b)
+    CudaWorkloads(drv)
     drv.wait_semaphores([SemOp(1, value=1)], 0x5)
     drv.wait_semaphores([SemOp(1, value=2)], 0x5)
     assert b.calls == ["library_load_data", "func_load", "func_load", "func_load", "wait", "wait"]
@@ -98,7 +99,20 @@ def test_the_workload_kernels_are_loaded_before_the_first_wait_once() -> None:
 def test_a_kernel_that_cannot_load_does_not_fail_the_users_wait() -> None:
     b = _Bindings(library_fails=True)
     drv = _driver(b)
+    CudaWorkloads(drv)
     drv.wait_semaphores([SemOp(1, value=1)], 0x5)
     drv.wait_semaphores([SemOp(1, value=2)], 0x5)
     # Tried once, then the waits went ahead; the kernels' own launch reports the failure.
     assert b.calls == ["library_load_data", "wait", "wait"]
+
+
+def test_workloads_made_after_a_wait_load_their_kernels_at_once() -> None:
+    b = _Bindings(library_fails=False)
+    drv = _driver(b)
+    drv.wait_semaphores([SemOp(1, value=1)], 0x5)
+    assert b.calls == ["wait"]  # no workloads yet: nothing to load
+    CudaWorkloads(drv)
+    assert b.calls == ["wait", "library_load_data", "func_load", "func_load", "func_load"]
+    drv.wait_semaphores([SemOp(1, value=2)], 0x5)
+    assert b.calls[-1] == "wait"
+    assert b.calls.count("library_load_data") == 1

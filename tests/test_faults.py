@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 import aiocudasem as acs
-from aiocudasem.testing import SimDriver, hold, import_sim_semaphore
+from aiocudasem.testing import SimDriver, hold, import_sim_semaphore, workloads
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("fault_watchdog")]
 
@@ -50,7 +50,7 @@ async def test_fault_wakes_every_parked_waiter(sim: SimDriver) -> None:
 
 async def test_trap_kernel_fails_the_wait(sim: SimDriver) -> None:
     s = acs.open_stream(driver=sim)
-    sim.launch_trap(s.handle)
+    workloads(sim).launch_trap(s.handle)
     with anyio.fail_after(5), pytest.raises(acs.DeviceFaultError) as info:
         await s.wait_complete()
     assert info.value.status == 719

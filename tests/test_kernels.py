@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-KERNELS = Path(__file__).resolve().parents[1] / "aiocudasem" / "_kernels"
+KERNELS = Path(__file__).resolve().parents[1] / "aiocudasem" / "_workloads" / "kernels"
 
 
 def test_the_fatbin_was_built_from_this_source() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 import aiocudasem as acs
 from aiocudasem._notifier import current_notifier
-from aiocudasem.testing import SimDriver, hold
+from aiocudasem.testing import SimDriver, hold, workloads
 from tests.conftest import open_fds
 
 
@@ -66,7 +66,7 @@ def test_loops_in_two_threads_at_once(sim: SimDriver) -> None:
         async def main() -> None:
             async with acs.open_stream(driver=sim) as s:
                 for _ in range(50):
-                    sim.launch_spin(s.handle, 100_000)
+                    workloads(sim).launch_spin(s.handle, 100_000)
                     await s.wait_complete()
             results.append(True)
 

@@ -17,7 +17,7 @@ import pytest
 
 import aiocudasem as acs
 from aiocudasem._notifier import current_notifier, event_pool
-from aiocudasem.testing import SimDriver, hold
+from aiocudasem.testing import SimDriver, hold, workloads
 from tests.conftest import fd_targets, open_fds, watchdog_events
 
 BACKENDS = [
@@ -182,7 +182,7 @@ def test_a_forked_child_gets_a_clear_error_not_a_hang() -> None:
     sem, producer = _used_semaphore(sim)
 
     async def use() -> None:
-        sim.launch_spin(s.handle, 10_000)
+        workloads(sim).launch_spin(s.handle, 10_000)
         await s.wait_complete()
         producer.signal(1)
         await sem.wait_value(1)
@@ -214,7 +214,7 @@ def test_a_forked_child_gets_a_clear_error_not_a_hang() -> None:
                 async def fresh_device() -> None:
                     with anyio.fail_after(5):
                         async with acs.open_stream(driver=fresh) as t:
-                            fresh.launch_spin(t.handle, 10_000)
+                            workloads(fresh).launch_spin(t.handle, 10_000)
                             await t.wait_complete()
 
                 anyio.run(fresh_device)

@@ -7,7 +7,7 @@ import pytest
 
 import aiocudasem as acs
 from aiocudasem._notifier import current_notifier
-from aiocudasem.testing import SimDriver, hold
+from aiocudasem.testing import SimDriver, hold, workloads
 
 pytestmark = pytest.mark.anyio
 
@@ -97,7 +97,7 @@ async def test_watchdog_is_not_postponed_by_a_busy_device(
 
     async def keep_busy() -> None:
         while not caught:
-            sim.launch_spin(busy.handle, 1_000_000)
+            workloads(sim).launch_spin(busy.handle, 1_000_000)
             await busy.wait_complete()
 
     async with anyio.create_task_group() as tg:

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from aiocudasem._driver import SEEN, Driver, SemaphoreDesc, SemOp, frame_word
 from aiocudasem._errors import CudaError, DeviceFaultError
-from aiocudasem.testing import SimDriver, SimProducer
+from aiocudasem.lowlevel import Driver, SemaphoreDesc, SemOp
+from aiocudasem.testing import SEEN, SimDriver, SimProducer, frame_word, workloads
 
 TIMEOUT = 10.0  # the bound on every wait that is expected to succeed
 SHORT = 0.05  # how long a "not yet" check gives the simulator to (wrongly) make progress
@@ -368,7 +368,7 @@ def test_event_synchronize_raises_when_another_stream_faults_the_device(sim: Sim
     t, out = _synchronize_in_thread(drv, ev)
     t.join(SHORT)
     assert t.is_alive()
-    drv.launch_trap(other)  # the whole context faults, as a trap does on a GPU
+    workloads(drv).launch_trap(other)  # the whole context faults, as a trap does on a GPU
     t.join(TIMEOUT)
     assert len(out) == 1 and isinstance(out[0], DeviceFaultError), out
     assert out[0].status == 719
@@ -417,7 +417,7 @@ def test_timing_events_measure_elapsed_time(sim: Sim) -> None:
     drv, s = sim.drv, sim.stream()
     start, end = drv.event_create(0, timing=True), drv.event_create(0, timing=True)
     drv.event_record(start, s)
-    drv.launch_spin(s, 30_000_000)  # 30 ms of simulated kernel
+    workloads(drv).launch_spin(s, 30_000_000)  # 30 ms of simulated kernel
     drv.event_record(end, s)
     sync(drv, s)
     ms = drv.event_elapsed_ms(start, end)
@@ -793,8 +793,8 @@ def test_injected_fault_is_sticky_and_drops_pending_work(sim: Sim) -> None:
         lambda: drv.stream_wait_event(s, ev),
         lambda: drv.launch(s, lambda: None),
         lambda: drv.launch_host_func(s, fn, 8),
-        lambda: drv.launch_spin(s, 1),
-        lambda: drv.launch_trap(s),
+        lambda: workloads(drv).launch_spin(s, 1),
+        lambda: workloads(drv).launch_trap(s),
         lambda: drv.event_create(0),
         lambda: drv.event_record(ev, s),
         lambda: drv.event_query(ev),
@@ -865,7 +865,7 @@ def test_inject_fault_rejects_non_sticky_status(sim: Sim) -> None:
 
 def test_launch_trap_faults_with_launch_failed(sim: Sim) -> None:
     drv, s = sim.drv, sim.stream()
-    drv.launch_trap(s)
+    workloads(drv).launch_trap(s)
     with pytest.raises(DeviceFaultError) as info:
         sync(drv, s)
     assert info.value.status == 719
@@ -941,8 +941,8 @@ def test_invalid_handles_raise_invalid_handle(sim: Sim) -> None:
         lambda: drv.stream_wait_event(s, bogus),
         lambda: drv.launch(bogus, lambda: None),
         lambda: drv.launch_host_func(bogus, fn, 0),
-        lambda: drv.launch_spin(bogus, 1),
-        lambda: drv.launch_trap(bogus),
+        lambda: workloads(drv).launch_spin(bogus, 1),
+        lambda: workloads(drv).launch_trap(bogus),
         lambda: drv.event_query(bogus),
         lambda: drv.event_destroy(bogus),
         lambda: drv.event_record(bogus, s),
@@ -971,29 +971,29 @@ def test_invalid_handles_raise_invalid_handle(sim: Sim) -> None:
 
 def test_alloc_and_free_pinned(sim: Sim) -> None:
     drv = sim.drv
-    ptr = drv.alloc_pinned(64)
+    ptr = workloads(drv).alloc_pinned(64)
     assert ptr != 0
     buf = (ctypes.c_uint8 * 64).from_address(ptr)
     assert bytes(buf) == bytes(64)  # zeroed
     buf[0], buf[63] = 0xAB, 0xCD
     assert (ctypes.c_uint8 * 64).from_address(ptr)[63] == 0xCD
-    other = drv.alloc_pinned(8)
+    other = workloads(drv).alloc_pinned(8)
     assert other != ptr
-    drv.free_pinned(ptr)
-    drv.free_pinned(other)
+    workloads(drv).free_pinned(ptr)
+    workloads(drv).free_pinned(other)
     with pytest.raises(CudaError) as info:
-        drv.free_pinned(ptr)  # double free
+        workloads(drv).free_pinned(ptr)  # double free
     assert info.value.status == 1
     for bad in (0, -4):
         with pytest.raises(ValueError, match="positive"):
-            drv.alloc_pinned(bad)
+            workloads(drv).alloc_pinned(bad)
 
 
 def test_launch_check_frame_counts_mismatches(sim: Sim) -> None:
     drv, s = sim.drv, sim.stream()
     words, frames = 1000, 4
-    src = drv.alloc_pinned(4 * words)
-    out = drv.alloc_pinned(4 * frames)
+    src = workloads(drv).alloc_pinned(4 * words)
+    out = workloads(drv).alloc_pinned(4 * frames)
     try:
         data = (ctypes.c_uint32 * words).from_address(src)
         counts = (ctypes.c_uint32 * frames).from_address(out)
@@ -1001,19 +1001,19 @@ def test_launch_check_frame_counts_mismatches(sim: Sim) -> None:
         frame = 3
         for i in range(words):
             data[i] = frame_word(frame, i)
-        drv.launch_check_frame(s, src, words, frame, out)
+        workloads(drv).launch_check_frame(s, src, words, frame, out)
         sync(drv, s)
         assert list(counts) == [0, 0, 0, SEEN]  # intact: exactly SEEN, other slots untouched
 
         corrupt = (0, 17, 500, words - 1)
         for i in corrupt:
             data[i] ^= 0x1
-        drv.launch_check_frame(s, src, words, frame, out)
+        workloads(drv).launch_check_frame(s, src, words, frame, out)
         sync(drv, s)
         assert counts[frame] == 2 * SEEN + len(corrupt)  # adds, never overwrites
 
         # The same data checked as another frame: every word differs.
-        drv.launch_check_frame(s, src, words, 1, out)
+        workloads(drv).launch_check_frame(s, src, words, 1, out)
         sync(drv, s)
         assert counts[1] == SEEN + words
         assert counts[0] == 0
@@ -1023,24 +1023,25 @@ def test_launch_check_frame_counts_mismatches(sim: Sim) -> None:
         frame = 2
         for i in range(words):
             data[i] = frame_word(frame, i)
-        drv.launch_check_frame(s, src, 10, frame, out)
+        workloads(drv).launch_check_frame(s, src, 10, frame, out)
         sync(drv, s)
         assert counts[frame] == SEEN
     finally:
-        drv.free_pinned(src)
-        drv.free_pinned(out)
+        workloads(drv).free_pinned(src)
+        workloads(drv).free_pinned(out)
 
 
 def test_launch_check_frame_runs_in_stream_order(sim: Sim) -> None:
     drv, s = sim.drv, sim.stream()
     words = 16
-    src = drv.alloc_pinned(4 * words)
-    out = drv.alloc_pinned(4)
+    src = workloads(drv).alloc_pinned(4 * words)
+    out = workloads(drv).alloc_pinned(4)
     try:
         data = (ctypes.c_uint32 * words).from_address(src)
         counts = (ctypes.c_uint32 * 1).from_address(out)
         gate = sim.gate(s)
-        drv.launch_check_frame(s, src, words, 0, out)  # data is all zero now: 15 mismatches...
+        # The data is all zero now: 15 mismatches...
+        workloads(drv).launch_check_frame(s, src, words, 0, out)
 
         def fill() -> None:  # ...unless the check ran before this fill, which it must not
             for i in range(words):
@@ -1051,13 +1052,13 @@ def test_launch_check_frame_runs_in_stream_order(sim: Sim) -> None:
         sync(drv, s)
         assert counts[0] == SEEN + sum(1 for i in range(words) if frame_word(0, i) != 0)
     finally:
-        drv.free_pinned(src)
-        drv.free_pinned(out)
+        workloads(drv).free_pinned(src)
+        workloads(drv).free_pinned(out)
 
 
 @pytest.mark.parametrize("words", [0, -1, SEEN])
 def test_launch_check_frame_rejects_bad_word_counts(sim: Sim, words: int) -> None:
     drv, s = sim.drv, sim.stream()
     with pytest.raises(ValueError, match="words"):
-        drv.launch_check_frame(s, 0, words, 0, 0)
+        workloads(drv).launch_check_frame(s, 0, words, 0, 0)
     assert drv.stream_query(s)  # nothing enqueued

@@ -14,8 +14,6 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import numpy as np
-
 from .._errors import DriverUnavailableError
 
 if TYPE_CHECKING:
@@ -53,8 +51,12 @@ class SemOp:
 
 @runtime_checkable
 class Driver(Protocol):
-    """The operations the library needs from a device. All calls are synchronous and cheap
-    (they enqueue, query or create); only ``stream_synchronize`` blocks."""
+    """The operations the library needs from a device: devices and their health, streams,
+    events, external semaphores and host functions. All calls are synchronous and cheap (they
+    enqueue, query or create); only ``stream_synchronize`` and ``event_synchronize`` block.
+
+    Work to run on the streams (kernels, pinned memory) is not part of it: the demo, the tests
+    and the benchmarks get theirs from ``aiocudasem.testing.workloads()``."""
 
     name: str
     simulated: bool
@@ -97,38 +99,6 @@ class Driver(Protocol):
     def destroy_semaphore(self, sem: int) -> None: ...
     def wait_semaphores(self, ops: Sequence[SemOp], stream: int) -> None: ...
     def signal_semaphores(self, ops: Sequence[SemOp], stream: int) -> None: ...
-
-    # workloads for the demo, the tests and the benchmarks
-    def alloc_pinned(self, nbytes: int) -> int: ...
-    def free_pinned(self, ptr: int) -> None: ...
-    def launch_spin(self, stream: int, ns: int) -> None:
-        """Enqueue a kernel that runs for ``ns`` nanoseconds of device time."""
-        ...
-
-    def launch_check_frame(self, stream: int, src: int, words: int, frame: int, out: int) -> None:
-        """Enqueue a kernel that counts the words of pinned ``src`` that differ from
-        ``frame_word(frame, i)`` and adds ``SEEN`` plus that count to ``out[frame]`` (uint32,
-        pinned). A frame checked once and intact therefore reads exactly ``SEEN``."""
-        ...
-
-    def launch_trap(self, stream: int) -> None:
-        """Enqueue a kernel that traps, faulting the device's context."""
-        ...
-
-
-#: What one check of an intact frame adds to its ``out`` slot (``words`` stays below it).
-SEEN = 0x10000
-
-
-def frame_word(frame: int, i: int) -> int:
-    """The value the demo's producer writes at word ``i`` of frame ``frame``."""
-    return (frame * 2654435761 + i) & 0xFFFFFFFF
-
-
-def frame_words(frame: int, words: int) -> np.ndarray[Any, np.dtype[np.uint32]]:
-    """All of frame ``frame``: ``frame_word(frame, i)`` for ``i`` in ``range(words)``."""
-    index = np.arange(words, dtype=np.uint64)
-    return ((frame * 2654435761 + index) & 0xFFFFFFFF).astype(np.uint32)
 
 
 _lock = threading.Lock()

@@ -10,16 +10,14 @@ cuda.core share, so foreign streams and our events can be mixed.
 
 from __future__ import annotations
 
-import ctypes
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
 
 import numpy as np
 
 from .._errors import STICKY_STATUSES, CudaError, DeviceFaultError, DeviceMismatchError
 from .._handles import info
-from . import SEEN, forked_error, track, unavailable
+from . import forked_error, track, unavailable
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -32,25 +30,8 @@ _T = TypeVar("_T")
 
 _STREAM_NON_BLOCKING: Final = 0x1
 _EVENT_BLOCKING_SYNC: Final = 0x1
-_PORTABLE: Final = 0x1  # CU_MEMHOSTALLOC_PORTABLE
 _EVENT_DISABLE_TIMING: Final = 0x2
-_CC_MAJOR: Final = 75  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
-_CC_MINOR: Final = 76
-_KERNEL_NAMES: Final = ("spin", "check_frame", "trap")
-_FUNCTION_LOADED: Final = 1  # CU_FUNCTION_LOADING_STATE_LOADED
-_FUNCTION_NOT_LOADED: Final = 913  # CUDA_ERROR_FUNCTION_NOT_LOADED
 _LOADING_MODES: Final = {1: "eager", 2: "lazy"}  # CUmoduleLoadingMode
-
-# The demo, test and benchmark workloads: aiocudasem/_kernels/kernels.cu, prebuilt into a fatbin
-# (SASS for sm_75 to sm_120 plus PTX) by scripts/build-kernels.sh. NVRTC compiles the source only
-# for a device the fatbin has no code for.
-_KERNEL_FILES: Final = "_kernels"
-# CUDA_ERROR_NO_BINARY_FOR_GPU, CUDA_ERROR_INVALID_PTX, CUDA_ERROR_UNSUPPORTED_PTX_VERSION
-_NO_BINARY_FOR_GPU: Final = frozenset({209, 218, 222})
-
-
-def _kernel_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / _KERNEL_FILES
 
 
 class _Forked:
@@ -90,9 +71,8 @@ class CudaDriver:
         self._ordinals: dict[int, int] = {}  # CUdevice -> ordinal
         self._ctx: dict[int, int] = {}  # ordinal -> primary context
         self._probe: dict[int, int] = {}  # ordinal -> never-recorded event, for check_health
-        self._kernels: dict[int, dict[str, int]] = {}
-        self._kernels_lock = threading.Lock()
-        self._preloaded: set[int] = set()  # devices whose kernels were loaded before a wait
+        self._waited: set[int] = set()  # devices that have had a semaphore wait
+        self._first_wait_hooks: list[Callable[[int], object]] = []
         self._wait_dtype = d.external_semaphore_wait_params_v1_dtype
         self._signal_dtype = d.external_semaphore_signal_params_v1_dtype
         track(self)
@@ -120,6 +100,38 @@ class CudaDriver:
             return fn(*args)
         except self._DriverError as exc:
             self._fail(exc, what)
+
+    def _before_first_wait(self, hook: Callable[[int], object]) -> None:
+        """Call ``hook(ordinal)`` before each device's first semaphore wait, with that
+        device's context current, and now for the devices that have had one. Module loads go
+        here: loading a module waits until no stream of the context is blocked, so one that
+        runs behind a wait on a semaphore signalled afterwards never returns (seen on an H200
+        under lazy loading; docs/lazy-loading.md). The workloads load their kernels this way."""
+        with self._lock:
+            self._first_wait_hooks.append(hook)
+            waited = sorted(self._waited)
+        for ordinal in waited:
+            self._use(ordinal)
+            hook(ordinal)
+
+    def _first_wait(self, stream: int) -> None:
+        """Run the first-wait hooks for ``stream``'s device, once per device. Best effort: a
+        user's wait must not fail because a hook could not load its kernels; the kernels' own
+        first launch reports that."""
+        try:
+            ordinal = self.stream_device(stream)  # also makes the context current
+        except CudaError:
+            return  # the wait itself reports a bad stream
+        with self._lock:
+            if ordinal in self._waited:
+                return
+            self._waited.add(ordinal)
+            hooks = list(self._first_wait_hooks)
+        for hook in hooks:
+            try:
+                hook(ordinal)
+            except CudaError:
+                pass
 
     def _use(self, ordinal: int) -> int:
         """Make ``ordinal``'s primary context current on this thread; return it."""
@@ -305,8 +317,8 @@ class CudaDriver:
         self._call("cuDestroyExternalSemaphore", self._d.destroy_external_semaphore, sem)
 
     def wait_semaphores(self, ops: Sequence[SemOp], stream: int) -> None:
-        if len(self._preloaded) < self._count:
-            self._preload(stream)
+        if len(self._waited) < self._count:
+            self._first_wait(stream)
         params = np.zeros(len(ops), dtype=self._wait_dtype)
         p = params["params"]
         p["fence"]["value"] = [op.value for op in ops]
@@ -338,146 +350,3 @@ class CudaDriver:
             len(ops),
             stream,
         )
-
-    # ------------------------------------------------------------------ workloads
-
-    def alloc_pinned(self, nbytes: int) -> int:
-        if not isinstance(nbytes, int) or nbytes <= 0:
-            raise ValueError("nbytes must be a positive int")
-        self._use(0)
-        # Portable: pinned for every context, so kernels of any device can read it.
-        return int(self._call("cuMemHostAlloc", self._d.mem_host_alloc, nbytes, _PORTABLE))
-
-    def free_pinned(self, ptr: int) -> None:
-        self._call("cuMemFreeHost", self._d.mem_free_host, ptr)
-
-    def _kernel(self, stream: int, name: str) -> int:
-        ordinal = self.stream_device(stream)  # also makes the device's primary context current
-        kernels = self._kernels.get(ordinal)
-        if kernels is None:
-            kernels = self._load_kernels(ordinal)
-        return kernels[name]
-
-    def _preload(self, stream: int) -> None:
-        """Load the workload kernels before this device's first semaphore wait can block a
-        stream (see _load_kernels). Once per device, and best effort: a user's wait must not
-        fail because the demo's kernels cannot load; their first launch reports that."""
-        try:
-            ordinal = self.stream_device(stream)
-        except CudaError:
-            return  # the wait itself reports a bad stream
-        if ordinal in self._preloaded:
-            return
-        self._preloaded.add(ordinal)
-        try:
-            self._load_kernels(ordinal)
-        except CudaError:
-            pass
-
-    def _load_kernels(self, ordinal: int) -> dict[str, int]:
-        """Load the workload kernels into ``ordinal``'s primary context, which must be current.
-
-        Loading a module into a context waits until no stream of that context is blocked (seen
-        on an H200 under lazy loading: a first launch, or cuKernelGetFunction, while any stream
-        waited on an external semaphore that the host signals only afterwards, never returned).
-        So this runs before the library enqueues its first semaphore wait on the device, and at
-        latest at the first workload launch; after it, launching them loads nothing."""
-        with self._kernels_lock:  # one load per device, even if two threads get here first
-            kernels = self._kernels.get(ordinal)
-            if kernels is None:
-                lib = self._library(ordinal)
-                try:
-                    kernels = {n: self._load_kernel(lib, f"aiocudasem_{n}") for n in _KERNEL_NAMES}
-                except BaseException:
-                    try:
-                        self._d.library_unload(lib)
-                    except Exception:  # the load's own error is the one worth reporting
-                        pass
-                    raise
-                self._kernels[ordinal] = kernels
-            return kernels
-
-    def _library(self, ordinal: int) -> int:
-        """The kernels' CUlibrary: the prebuilt fatbin, or, for a device it has no code for,
-        the source compiled by NVRTC for the device's own architecture."""
-        d = self._d
-        fatbin = (_kernel_dir() / "kernels.fatbin").read_bytes()
-        try:
-            return int(d.library_load_data(fatbin, 0, 0, 0, 0, 0, 0))
-        except self._DriverError as exc:
-            if int(getattr(exc, "status", 0)) not in _NO_BINARY_FOR_GPU:
-                self._fail(exc, "cuLibraryLoadData")
-        cubin = self._compile(ordinal)
-        return int(self._call("cuLibraryLoadData", d.library_load_data, cubin, 0, 0, 0, 0, 0, 0))
-
-    def _compile(self, ordinal: int) -> bytes:
-        """NVRTC: the kernels' source as a cubin for ``ordinal``'s architecture (PTX from a
-        newer NVRTC can be rejected by an older driver). Blocks for the compile."""
-        from cuda.bindings._v2 import nvrtc
-
-        d = self._d
-        dev = self._devices[ordinal]
-        major = d.device_get_attribute(_CC_MAJOR, dev)
-        minor = d.device_get_attribute(_CC_MINOR, dev)
-        source = (_kernel_dir() / "kernels.cu").read_bytes()
-        prog = nvrtc.create_program(source, b"aiocudasem_kernels.cu", None, None)
-        try:
-            try:
-                nvrtc.compile_program(prog, [f"-arch=sm_{major}{minor}".encode()])
-            except nvrtc.NvrtcError as exc:
-                log = nvrtc.get_program_log(prog).decode(errors="replace")
-                raise CudaError(f"NVRTC compile failed: {exc}\n{log}", 218, "NVRTC") from None
-            return bytes(nvrtc.get_cubin(prog))
-        finally:
-            nvrtc.destroy_program(prog)
-
-    def _load_kernel(self, lib: int, name: str) -> int:
-        """Return kernel ``name`` of ``lib``, loaded into the current context: under lazy
-        loading it would otherwise load at its first launch (docs/lazy-loading.md)."""
-        d = self._d
-        try:
-            kernel = int(d.library_get_kernel(lib, name.encode()))
-            func = d.kernel_get_function(kernel)  # this context's function of the kernel
-            d.func_load(func)
-            state = int(d.func_is_loaded(func))
-        except self._DriverError as exc:
-            self._fail(exc, f"loading kernel {name} (cuKernelGetFunction, cuFuncLoad)")
-        if state != _FUNCTION_LOADED:
-            raise CudaError(
-                f"cuFuncLoad returned but kernel {name} is still not loaded (loading state "
-                f"{state}); its first launch would load it lazily, which can deadlock a "
-                "hand-off (see docs/lazy-loading.md)",
-                _FUNCTION_NOT_LOADED,
-                "CUDA_ERROR_FUNCTION_NOT_LOADED",
-            )
-        return kernel
-
-    def _launch(self, stream: int, name: str, threads: int, *args: Any) -> None:
-        kernel = self._kernel(stream, name)
-        ptrs = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(a) for a in args])
-        self._call(
-            "cuLaunchKernel",
-            self._d.launch_kernel,
-            kernel,
-            *(1, 1, 1, threads, 1, 1),  # grid, block
-            *(0, stream, ctypes.addressof(ptrs), 0),  # shared memory, stream, arguments, extra
-        )
-
-    def launch_spin(self, stream: int, ns: int) -> None:
-        self._launch(stream, "spin", 1, ctypes.c_uint64(ns))
-
-    def launch_check_frame(self, stream: int, src: int, words: int, frame: int, out: int) -> None:
-        if not 0 < words < SEEN:
-            raise ValueError(f"words must be in [1, {SEEN}), got {words}")
-        self._launch(
-            stream,
-            "check_frame",
-            256,
-            ctypes.c_void_p(src),
-            ctypes.c_uint32(words),
-            ctypes.c_uint32(frame),
-            ctypes.c_void_p(out),
-        )
-
-    def launch_trap(self, stream: int) -> None:
-        self._launch(stream, "trap", 1)

@@ -23,11 +23,9 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Final
 
-import numpy as np
-
 from .._errors import STICKY_STATUSES, CudaError, DeviceFaultError
 from .._handles import info
-from . import SEEN, forked_error, frame_words, track
+from . import forked_error, track
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -200,7 +198,6 @@ class SimDriver:
         self._sems: dict[int, _Semaphore] = {}  # imported handle -> semaphore
         self._sem_devices: dict[int, int] = {}
         self._exports: dict[int, _Semaphore] = {}  # exported fd -> semaphore
-        self._pinned: dict[int, ctypes.Array[ctypes.c_char]] = {}
         self._faults: dict[int, int] = {}
         self._host_fns: dict[int, Callable[[int | None], None]] = {}
         self._blocked: dict[int, int] = {}  # device -> streams blocked in a semaphore wait
@@ -246,7 +243,7 @@ class SimDriver:
             except BaseException:
                 self.inject_fault(self._streams[stream].device, _LAUNCH_FAILED)
 
-        self._enqueue(stream, kernel, "launch")
+        self._enqueue(stream, kernel, "cuLaunchKernel")
 
     # ------------------------------------------------------------------ helpers
 
@@ -545,39 +542,3 @@ class SimDriver:
                     self._deps.notify_all()
 
             self._push(s, signal_all)
-
-    # ------------------------------------------------------------------ workloads
-
-    def alloc_pinned(self, nbytes: int) -> int:
-        if not isinstance(nbytes, int) or nbytes <= 0:
-            raise ValueError("nbytes must be a positive int")
-        buf = (ctypes.c_char * nbytes)()
-        ptr = ctypes.addressof(buf)
-        with self._lock:
-            self._pinned[ptr] = buf
-        return ptr
-
-    def free_pinned(self, ptr: int) -> None:
-        with self._lock:
-            if self._pinned.pop(ptr, None) is None:
-                raise _error(_INVALID_VALUE, "cuMemFreeHost")
-
-    def launch_spin(self, stream: int, ns: int) -> None:
-        self._enqueue(stream, lambda: time.sleep(ns / 1e9), "cuLaunchKernel")
-
-    def launch_check_frame(self, stream: int, src: int, words: int, frame: int, out: int) -> None:
-        if not 0 < words < SEEN:
-            raise ValueError(f"words must be in [1, {SEEN}), got {words}")
-        expected = frame_words(frame, words)
-
-        def check() -> None:
-            data = np.ctypeslib.as_array((ctypes.c_uint32 * words).from_address(src))
-            slot = ctypes.c_uint32.from_address(out + 4 * frame)
-            slot.value += int(np.count_nonzero(data != expected)) + SEEN
-
-        self._enqueue(stream, check, "cuLaunchKernel")
-
-    def launch_trap(self, stream: int) -> None:
-        with self._lock:
-            device = self._stream(stream, "cuLaunchKernel").device
-        self._enqueue(stream, lambda: self.inject_fault(device, _LAUNCH_FAILED), "cuLaunchKernel")

@@ -11,15 +11,19 @@ from pathlib import Path
 import pytest
 
 import aiocudasem as acs
+from aiocudasem.testing import workloads
 from aiocudasem.vulkan import VulkanDevice
 
 
 @pytest.fixture(scope="session")
 def cuda() -> acs.Driver:
     try:
-        return acs.get_driver("cuda")
+        drv = acs.get_driver("cuda")
     except acs.DriverUnavailableError as exc:  # pragma: no cover - collection skips first
         pytest.skip(f"no CUDA GPU: {exc}")
+    # Before any semaphore wait: the workload kernels then load ahead of the first one.
+    workloads(drv)
+    return drv
 
 
 @pytest.fixture(scope="session")

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import aiocudasem as acs
-from aiocudasem._driver import SEEN, frame_word
 from aiocudasem._notifier import current_notifier
+from aiocudasem.testing import SEEN, frame_word, workloads
 from aiocudasem.vulkan import VulkanDevice
 from tests.conftest import open_fds
 from tests.gpu.conftest import import_vk, run_script
@@ -25,7 +25,7 @@ MS = 1_000_000  # ns
 
 async def test_wait_complete_waits_for_a_kernel(cuda: acs.Driver) -> None:
     async with acs.open_stream(driver=cuda) as s:
-        cuda.launch_spin(s.handle, 20 * MS)
+        workloads(cuda).launch_spin(s.handle, 20 * MS)
         t0 = time.perf_counter()
         assert not s.query()
         with anyio.fail_after(10):
@@ -45,7 +45,7 @@ async def test_parked_path_and_spin_path_both_complete(cuda: acs.Driver) -> None
             acs.configure(spin_limit=spin)
             before = current_notifier().stats()["fired"]
             for _ in range(50):
-                cuda.launch_spin(s.handle, 300_000)
+                workloads(cuda).launch_spin(s.handle, 300_000)
                 with anyio.fail_after(10):
                     await s.wait_complete()
             fired = current_notifier().stats()["fired"] - before
@@ -63,7 +63,7 @@ async def test_timeline_host_signal_gpu_wait_kernel_signal_vulkan_observes(
     done = import_vk(vdone, cuda)
     async with acs.open_stream(driver=cuda) as s:
         s.enqueue_wait(acs.Wait(ready, 1))
-        cuda.launch_spin(s.handle, MS)
+        workloads(cuda).launch_spin(s.handle, MS)
         s.enqueue_signal(acs.Signal(done, 2))
         await anyio.sleep(0.02)
         assert not s.query()  # the GPU waits for Vulkan
@@ -90,7 +90,7 @@ async def test_binary_queue_signal_gpu_wait_signal_vulkan_queue_waits(
     async with acs.open_stream(driver=cuda) as s:
         vin.submit_signal()  # an empty queue submission, as a renderer's frame
         s.enqueue_wait(acs.Wait(sin))
-        cuda.launch_spin(s.handle, 100_000)
+        workloads(cuda).launch_spin(s.handle, 100_000)
         s.enqueue_signal(acs.Signal(sout))
         vout.submit_wait(then_signal=vseen, then_signal_value=1)  # Vulkan's queue waits on CUDA
         with anyio.fail_after(10):
@@ -166,8 +166,8 @@ async def test_handoff_with_a_kernel_reading_the_producer_buffer(
     words = 4096
     vready, vdone = vk.create_timeline_semaphore(), vk.create_timeline_semaphore()
     ready, done = import_vk(vready, cuda), import_vk(vdone, cuda)
-    buf = cuda.alloc_pinned(words * 4)
-    out = cuda.alloc_pinned(4 * 8)
+    buf = workloads(cuda).alloc_pinned(words * 4)
+    out = workloads(cuda).alloc_pinned(4 * 8)
     try:
         data = np.ctypeslib.as_array((ctypes.c_uint32 * words).from_address(buf))
         res = np.ctypeslib.as_array((ctypes.c_uint32 * 8).from_address(out))
@@ -177,18 +177,18 @@ async def test_handoff_with_a_kernel_reading_the_producer_buffer(
                 data[:] = [frame_word(n, i) for i in range(words)]
                 vready.signal(n)
                 async with s.handoff(acs.Wait(ready, n), acs.Signal(done, n)):
-                    cuda.launch_check_frame(s.handle, buf, words, n, out)
+                    workloads(cuda).launch_check_frame(s.handle, buf, words, n, out)
                 assert vdone.value == n  # signalled before the coroutine resumed
             assert list(res[1:4]) == [SEEN] * 3
             # A frame that is wrong is caught: the kernel really reads the buffer.
             data[5] ^= 1
             vready.signal(4)
             async with s.handoff(acs.Wait(ready, 4), acs.Signal(done, 4)):
-                cuda.launch_check_frame(s.handle, buf, words, 4, out)
+                workloads(cuda).launch_check_frame(s.handle, buf, words, 4, out)
             assert res[4] == SEEN + words  # frame 3's words are all wrong for frame 4
     finally:
-        cuda.free_pinned(buf)
-        cuda.free_pinned(out)
+        workloads(cuda).free_pinned(buf)
+        workloads(cuda).free_pinned(out)
     await ready.aclose()
     await done.aclose()
     vready.close()
@@ -199,11 +199,11 @@ async def test_cancel_mid_wait_then_stream_and_fds_fine(cuda: acs.Driver) -> Non
     current_notifier()
     fds = open_fds()
     async with acs.open_stream(driver=cuda) as s:
-        cuda.launch_spin(s.handle, 200 * MS)
+        workloads(cuda).launch_spin(s.handle, 200 * MS)
         with anyio.move_on_after(0.02) as scope:
             await s.wait_complete()
         assert scope.cancelled_caught
-        cuda.launch_spin(s.handle, MS)
+        workloads(cuda).launch_spin(s.handle, MS)
         with anyio.fail_after(10):
             await s.wait_complete()
     assert open_fds() == fds
@@ -220,7 +220,7 @@ async def test_ten_thousand_awaiters_on_64_streams(cuda: acs.Driver) -> None:
         woke += 1
 
     for s in streams:
-        cuda.launch_spin(s.handle, 50 * MS)
+        workloads(cuda).launch_spin(s.handle, 50 * MS)
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             for i in range(10_000):
@@ -257,11 +257,12 @@ def test_bad_device_ordinal(cuda: acs.Driver) -> None:
 _TRAP_SCRIPT = """
 import anyio, sys, time
 import aiocudasem as acs
+from aiocudasem.testing import workloads
 drv = acs.get_driver("cuda")
 async def main():
     s = acs.open_stream(driver=drv)
-    drv.launch_spin(s.handle, 30_000_000)
-    drv.launch_trap(s.handle)
+    workloads(drv).launch_spin(s.handle, 30_000_000)
+    workloads(drv).launch_trap(s.handle)
     errors = []
     async def wait():
         try:
@@ -290,11 +291,13 @@ def test_trapping_kernel_wakes_waiters_with_an_error(backend: str) -> None:
 _OTHER_STREAM_TRAP_SCRIPT = """
 import anyio, sys, time
 import aiocudasem as acs
+from aiocudasem.testing import workloads
 from aiocudasem.vulkan import VulkanDevice
 # A fault must reach parked waiters without any periodic check: the watchdog's period is 30 s,
 # so only its thread, asleep in cuEventSynchronize behind the parked work, can see it in time.
 acs.configure(watchdog=30, spin_limit=0)
 drv = acs.get_driver("cuda")
+work = workloads(drv)  # before the first wait, so that its kernels load ahead of it
 vk = VulkanDevice.open(drv.device_uuid(0))
 vsem = vk.create_timeline_semaphore(0)
 sem = acs.import_semaphore(acs.HandleType.TIMELINE_SEMAPHORE_FD, vsem.export_fd(), driver=drv)
@@ -302,7 +305,7 @@ async def main():
     waiting = acs.open_stream(driver=drv)
     waiting.enqueue_wait(acs.Wait(sem, 1))  # Vulkan never signals it
     trapping = acs.open_stream(driver=drv)
-    drv.launch_spin(trapping.handle, 1_000)
+    workloads(drv).launch_spin(trapping.handle, 1_000)
     await trapping.wait_complete()  # the trap kernel's module is loaded before anything waits
     errors = []
     async def wait():
@@ -316,7 +319,7 @@ async def main():
                 tg.start_soon(wait)
             await anyio.sleep(0.5)  # parked, and the watchdog thread asleep behind them
             t0 = time.perf_counter()
-            drv.launch_trap(trapping.handle)
+            workloads(drv).launch_trap(trapping.handle)
     took = time.perf_counter() - t0
     print("woke", len(errors), "statuses", sorted(set(errors)), f"after {took:.3f} s")
     assert len(errors) == 5, errors

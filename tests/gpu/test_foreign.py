@@ -8,6 +8,7 @@ import anyio
 import pytest
 
 import aiocudasem as acs
+from aiocudasem.testing import workloads
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
 
@@ -63,7 +64,7 @@ async def test_cuda_core_stream(cuda: acs.Driver) -> None:
     adopted = acs.Stream.adopt(s, driver=cuda)
     assert adopted.handle == int(s.handle)
     assert not adopted.owned
-    cuda.launch_spin(adopted.handle, 5_000_000)
+    workloads(cuda).launch_spin(adopted.handle, 5_000_000)
     with anyio.fail_after(30):
         await adopted.wait_complete()
     await adopted.aclose()
@@ -77,6 +78,6 @@ async def test_our_stream_is_usable_by_cuda_core(cuda: acs.Driver) -> None:
         dev.set_current()
         theirs = dev.create_stream(ours)  # through __cuda_stream__
         assert int(theirs.handle) == ours.handle
-        cuda.launch_spin(ours.handle, 1_000_000)
+        workloads(cuda).launch_spin(ours.handle, 1_000_000)
         theirs.sync()
         assert ours.query()

@@ -106,8 +106,8 @@ def _child(case: str, backend: str) -> None:
     import numpy as np
 
     import aiocudasem as acs
-    from aiocudasem._driver import SEEN, frame_words
     from aiocudasem._driver._cuda import CudaDriver
+    from aiocudasem.testing import SEEN, frame_words, workloads
     from aiocudasem.vulkan import VulkanDevice, VulkanSemaphore
 
     drv = acs.get_driver("cuda")
@@ -127,8 +127,8 @@ def _child(case: str, backend: str) -> None:
         with VulkanDevice.open(uuid=drv.device_uuid(0)) as vk:
             vready, vdone = vk.create_timeline_semaphore(), vk.create_timeline_semaphore()
             ready, done = import_timeline(vready), import_timeline(vdone)
-            out_ptr = drv.alloc_pinned(4 * (n + 1))
-            src_ptr = drv.alloc_pinned(4 * WORDS)
+            out_ptr = workloads(drv).alloc_pinned(4 * (n + 1))
+            src_ptr = workloads(drv).alloc_pinned(4 * WORDS)
             out = np.ctypeslib.as_array((ctypes.c_uint32 * (n + 1)).from_address(out_ptr))
             src = np.ctypeslib.as_array((ctypes.c_uint32 * WORDS).from_address(src_ptr))
             out[:] = 0
@@ -148,14 +148,14 @@ def _child(case: str, backend: str) -> None:
 
                 else:
                     if case == OWN_WARM_SPIN:
-                        drv.launch_spin(h, 1_000)
+                        workloads(drv).launch_spin(h, 1_000)
                         await stream.wait_complete()
 
                     def body(k: int) -> None:
                         src[:] = frame_words(k + 1, WORDS)  # the previous hand-off is over
                         if case == OWN_FIRST_INSIDE:
-                            drv.launch_spin(h, 2_000)
-                        drv.launch_check_frame(h, src_ptr, WORDS, k + 1, out_ptr)
+                            workloads(drv).launch_spin(h, 2_000)
+                        workloads(drv).launch_check_frame(h, src_ptr, WORDS, k + 1, out_ptr)
 
                 _say("SETUP-DONE")
                 for k in range(n):
@@ -185,8 +185,8 @@ def _child(case: str, backend: str) -> None:
                 bad = np.flatnonzero(out[1 : n + 1] != SEEN) + 1
             assert bad.size == 0, f"{bad.size} wrong slots, first {bad[0]}: {out[bad[0]]}"
             _say("ITERATIONS", n, "OK")
-            drv.free_pinned(out_ptr)  # only now: cuMemFreeHost may wait for the device
-            drv.free_pinned(src_ptr)
+            workloads(drv).free_pinned(out_ptr)  # only now: cuMemFreeHost may wait for the device
+            workloads(drv).free_pinned(src_ptr)
             vk.wait_idle()
             vready.close()
             vdone.close()

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import aiocudasem as acs
-from aiocudasem._driver import SEEN, frame_word
+from aiocudasem.testing import SEEN, frame_word, workloads
 from aiocudasem.vulkan import VulkanDevice
 from tests.gpu.conftest import import_vk, run_script
 
@@ -62,13 +62,13 @@ async def test_a_device_0_semaphore_on_a_device_1_stream_is_refused_before_enque
         with pytest.raises(acs.DeviceMismatchError):
             await acs.wait_external_semaphores([acs.Wait(sem0, 1)], s1)
         # Nothing was enqueued on s1: its work completes although nobody signalled sem0.
-        two.launch_spin(s1.handle, MS)
+        workloads(two).launch_spin(s1.handle, MS)
         with anyio.fail_after(10):
             await s1.wait_complete()
         assert vsem.value == 0
         # Both streams stay usable, and the semaphore works on its own device.
         s0.enqueue_wait(acs.Wait(sem0, 1))
-        two.launch_spin(s0.handle, MS)
+        workloads(two).launch_spin(s0.handle, MS)
         s0.enqueue_signal(acs.Signal(sem0, 2))
         await anyio.sleep(0.02)
         assert not s0.query()
@@ -76,7 +76,7 @@ async def test_a_device_0_semaphore_on_a_device_1_stream_is_refused_before_enque
         with anyio.fail_after(10):
             await s0.wait_complete()
         assert vsem.value == 2
-        two.launch_spin(s1.handle, MS)
+        workloads(two).launch_spin(s1.handle, MS)
         with anyio.fail_after(10):
             await s1.wait_complete()
     await sem0.aclose()
@@ -95,8 +95,8 @@ async def test_a_handoff_on_each_device_at_once_from_one_loop(
         vk = vks[device]
         vready, vdone = vk.create_timeline_semaphore(), vk.create_timeline_semaphore()
         ready, done = import_vk(vready, two, device), import_vk(vdone, two, device)
-        buf = two.alloc_pinned(words * 4)
-        out = two.alloc_pinned(4 * (frames + 1))
+        buf = workloads(two).alloc_pinned(words * 4)
+        out = workloads(two).alloc_pinned(4 * (frames + 1))
         try:
             data = np.ctypeslib.as_array((ctypes.c_uint32 * words).from_address(buf))
             res = np.ctypeslib.as_array((ctypes.c_uint32 * (frames + 1)).from_address(out))
@@ -107,12 +107,12 @@ async def test_a_handoff_on_each_device_at_once_from_one_loop(
                     data[:] = [frame_word(n, i) for i in range(words)]
                     vready.signal(n)
                     async with s.handoff(acs.Wait(ready, n), acs.Signal(done, n)):
-                        two.launch_check_frame(s.handle, buf, words, n, out)
+                        workloads(two).launch_check_frame(s.handle, buf, words, n, out)
                     assert vdone.value == n  # signalled before the coroutine resumed
             seen[device] = [int(x) for x in res[1:]]
         finally:
-            two.free_pinned(buf)
-            two.free_pinned(out)
+            workloads(two).free_pinned(buf)
+            workloads(two).free_pinned(out)
             await ready.aclose()
             await done.aclose()
             vready.close()
@@ -128,10 +128,10 @@ async def test_a_handoff_on_each_device_at_once_from_one_loop(
 
 async def test_an_event_of_device_0_waited_on_by_a_device_1_stream(two: acs.Driver) -> None:
     async with acs.open_stream(0, driver=two) as s0, acs.open_stream(1, driver=two) as s1:
-        two.launch_spin(s0.handle, 300 * MS)
+        workloads(two).launch_spin(s0.handle, 300 * MS)
         ev = s0.record()
         s1.wait_event(ev)  # across devices: allowed
-        two.launch_spin(s1.handle, MS)
+        workloads(two).launch_spin(s1.handle, MS)
         after = s1.record()
         await anyio.sleep(0.1)
         assert not s1.query()  # device 1 waits for device 0's kernel
@@ -150,7 +150,7 @@ async def test_a_foreign_device_1_stream_is_awaited_while_device_0_is_busy(
 ) -> None:
     torch = pytest.importorskip("torch")
     async with acs.open_stream(0, driver=two) as busy:
-        two.launch_spin(busy.handle, 3_000 * MS)
+        workloads(two).launch_spin(busy.handle, 3_000 * MS)
         with torch.cuda.device(1):
             ts = torch.cuda.Stream()
             a = torch.rand(2048, 2048, device="cuda:1")
@@ -176,7 +176,7 @@ async def test_a_foreign_device_1_stream_is_awaited_while_device_0_is_busy(
         cs = dev.create_stream()
         theirs = acs.Stream.adopt(cs, driver=two)
         assert theirs.device == 1
-        two.launch_spin(theirs.handle, 20 * MS)
+        workloads(two).launch_spin(theirs.handle, 20 * MS)
         with anyio.fail_after(30):
             await theirs.wait_complete()
         assert not busy.query()
@@ -188,6 +188,7 @@ async def test_a_foreign_device_1_stream_is_awaited_while_device_0_is_busy(
 _FAULT_SCRIPT = """
 import anyio, sys, time
 import aiocudasem as acs
+from aiocudasem.testing import workloads
 acs.configure(spin_limit=0)
 drv = acs.get_driver("cuda")
 async def main():
@@ -195,11 +196,11 @@ async def main():
     parked0 = acs.open_stream(0, driver=drv)
     on1 = [acs.open_stream(1, driver=drv) for _ in range(2)]
     for s in (faulting, *on1):
-        drv.launch_spin(s.handle, 1_000)  # the kernels are loaded on both devices first
+        workloads(drv).launch_spin(s.handle, 1_000)  # the kernels are loaded on both devices first
         await s.wait_complete()
-    drv.launch_spin(parked0.handle, 5_000_000_000)
+    workloads(drv).launch_spin(parked0.handle, 5_000_000_000)
     for s in on1:
-        drv.launch_spin(s.handle, 3_000_000_000)  # outlasts the fault's spread
+        workloads(drv).launch_spin(s.handle, 3_000_000_000)  # outlasts the fault's spread
     faults, fine = [], []
     async def wait(s, device):
         try:
@@ -215,7 +216,7 @@ async def main():
                 for s in on1:
                     tg.start_soon(wait, s, 1)
             await anyio.sleep(0.2)
-            drv.launch_trap(faulting.handle)
+            workloads(drv).launch_trap(faulting.handle)
     took = time.perf_counter() - t0
     print("faults", sorted(set(faults)), len(faults), "fine", sorted(set(fine)), len(fine),
           f"in {took:.2f} s")
@@ -230,7 +231,7 @@ async def main():
         # Waiters of a healthy device complete normally, and the device goes on working.
         assert fine == [1] * 8, (faults, fine)
         async with acs.open_stream(1, driver=drv) as s:
-            drv.launch_spin(s.handle, 1_000_000)
+            workloads(drv).launch_spin(s.handle, 1_000_000)
             with anyio.fail_after(10):
                 await s.wait_complete()
     else:

@@ -1,0 +1,97 @@
+"""Workloads for the demo, the tests and the benchmarks: pinned memory and three small kernels.
+
+They are not part of the device seam: the library itself never launches a kernel. Each driver
+that can run them has an implementation here (``_cuda``: the prebuilt kernels of ``kernels/``;
+``_sim``: Python callables on the simulated device), and :func:`workloads` picks it. Users get
+them through :mod:`aiocudasem.testing`.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .._driver import Driver
+
+__all__ = ("SEEN", "Workloads", "frame_word", "frame_words", "workloads")
+
+#: What one check of an intact frame adds to its ``out`` slot (``words`` stays below it).
+SEEN = 0x10000
+
+
+def frame_word(frame: int, i: int) -> int:
+    """The value the demo's producer writes at word ``i`` of frame ``frame``."""
+    return (frame * 2654435761 + i) & 0xFFFFFFFF
+
+
+def frame_words(frame: int, words: int) -> np.ndarray[Any, np.dtype[np.uint32]]:
+    """All of frame ``frame``: ``frame_word(frame, i)`` for ``i`` in ``range(words)``."""
+    index = np.arange(words, dtype=np.uint64)
+    return ((frame * 2654435761 + index) & 0xFFFFFFFF).astype(np.uint32)
+
+
+@runtime_checkable
+class Workloads(Protocol):
+    """Work to put on a driver's streams. Streams and pointers are the driver's ``int``
+    handles; every call enqueues and returns, like a kernel launch."""
+
+    @property
+    def driver(self) -> Driver: ...
+
+    def alloc_pinned(self, nbytes: int) -> int:
+        """Page-locked host memory that kernels of every device can read and write."""
+        ...
+
+    def free_pinned(self, ptr: int) -> None: ...
+
+    def launch_spin(self, stream: int, ns: int) -> None:
+        """Enqueue a kernel that runs for ``ns`` nanoseconds of device time."""
+        ...
+
+    def launch_check_frame(self, stream: int, src: int, words: int, frame: int, out: int) -> None:
+        """Enqueue a kernel that counts the words of pinned ``src`` that differ from
+        ``frame_word(frame, i)`` and adds ``SEEN`` plus that count to ``out[frame]`` (uint32,
+        pinned). A frame checked once and intact therefore reads exactly ``SEEN``."""
+        ...
+
+    def launch_trap(self, stream: int) -> None:
+        """Enqueue a kernel that traps, faulting the device's context."""
+        ...
+
+
+_lock = threading.Lock()
+_made: weakref.WeakKeyDictionary[Driver, Workloads] = weakref.WeakKeyDictionary()
+
+
+def workloads(driver: Driver) -> Workloads:
+    """The workloads of ``driver`` (one object per driver). Raises ``TypeError`` for a driver
+    that has none.
+
+    On the CUDA driver, get them before the first semaphore wait that can block a stream: their
+    kernels then load before that wait is enqueued, never lazily behind it
+    (docs/lazy-loading.md says why that matters).
+    """
+    with _lock:
+        made = _made.get(driver)
+        if made is None:
+            made = _made[driver] = _new(driver)
+        return made
+
+
+def _new(driver: Driver) -> Workloads:
+    from .._driver._cuda import CudaDriver
+    from .._driver._sim import SimDriver
+
+    if isinstance(driver, SimDriver):
+        from ._sim import SimWorkloads
+
+        return SimWorkloads(driver)
+    if isinstance(driver, CudaDriver):
+        from ._cuda import CudaWorkloads
+
+        return CudaWorkloads(driver)
+    raise TypeError(f"the {getattr(driver, 'name', driver)!r} driver has no workloads")
