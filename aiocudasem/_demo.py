@@ -279,14 +279,14 @@ async def _pipeline(
             for st in streams:
                 with contextlib.suppress(AiocudasemError):  # a fault took them all anyway
                     drained &= st.query()
-                st._close_now()
+                st.close()
             for sem in [ready_sem, *done_sems]:
                 if drained:
                     await sem.aclose()
                 else:
                     # CUDA forbids destroying a semaphore that a GPU wait still uses; a leak
                     # is the safe choice when the producer cannot be released.
-                    sem._finalizer.detach()
+                    sem.detach()
 
 
 def _release(ready: _Producer, frames: int) -> None:

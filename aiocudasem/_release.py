@@ -32,7 +32,8 @@ def release(destroy: Callable[[], None], what: str, collected: bool) -> None:
         return
     _deferred.append((destroy, what))
     warnings.warn(
-        f"{what} was collected without aclose(); it is released at the library's next use",
+        f"{what} was collected without close() or aclose(); it is released at the library's "
+        "next use",
         ResourceWarning,
         stacklevel=2,
     )

@@ -9,7 +9,7 @@ import threading
 import weakref
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import anyio
 import anyio.lowlevel
@@ -19,11 +19,10 @@ from . import _release
 from ._driver import Driver, SemaphoreDesc, SemOp, get_driver
 from ._errors import AiocudasemError, CudaError, UnsupportedHandleTypeError
 from ._handles import HandleInfo, HandleType, info
+from ._lifetime import Owned
 from ._notifier import Point, current_notifier, destroy_stream, event_pool, take_event
-from ._release import release
 
 if TYPE_CHECKING:
-    from types import TracebackType
     from typing import Self
 
 __all__ = (
@@ -67,34 +66,41 @@ def _platform_check(handle_type: HandleType, row: HandleInfo) -> None:
         )
 
 
-class ExternalSemaphore:
+class ExternalSemaphore(Owned):
     """A semaphore created outside CUDA (Vulkan, D3D, NvSciSync, another process) and imported
     into a device. Get one from :func:`import_semaphore`; there is no public constructor.
 
     Use it in :class:`Wait` and :class:`Signal` entries on a stream, or await it from the host
-    with :meth:`wait_value` / :meth:`wait_signaled`. Release it with ``aclose()`` or
-    ``async with``; a forgotten one is destroyed when collected, with a ``ResourceWarning``.
+    with :meth:`wait_value` / :meth:`wait_signaled`. Release it with ``aclose()``, ``close()``
+    or ``async with``; a forgotten one is destroyed when collected, with a
+    ``ResourceWarning``.
     """
 
-    __slots__ = ("__weakref__", "_device", "_driver", "_finalizer", "_handle", "_type")
+    __slots__ = ("_device", "_driver", "_type")
     _device: int
     _driver: Driver
-    _finalizer: weakref.finalize[..., Any]
-    _handle: int
     _type: HandleType
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        raise TypeError("use aiocudasem.import_semaphore() to import an external semaphore")
+    _factory = "use aiocudasem.import_semaphore() to import an external semaphore"
+    _noun = "external semaphore"
 
     @classmethod
     def _create(cls, driver: Driver, device: int, handle: int, handle_type: HandleType) -> Self:
         self = object.__new__(cls)
         self._driver = driver
         self._device = device
-        self._handle = handle
         self._type = handle_type
-        self._finalizer = weakref.finalize(self, _release_semaphore, driver, handle, True)
+        # The deferred release may run on an event loop's thread: destroy off it (see aclose).
+        self._own(handle, partial(_destroy_in_thread, driver, handle))
         return self
+
+    def _describe(self) -> str:
+        return (
+            f"aiocudasem.ExternalSemaphore {self._handle:#x} ({self._type.name}, "
+            f"device {self._device})"
+        )
+
+    def _release(self) -> None:
+        _destroy_in_thread(self._driver, self._handle)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"handle={self._handle:#x}"
@@ -119,16 +125,10 @@ class ExternalSemaphore:
         ones (one wait per signal), keyed mutexes and NvSciSync objects."""
         return info(self._type).sync == "fence"
 
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
-
-    @property
-    def handle(self) -> int:
-        """The driver's ``CUexternalSemaphore``. Raises ``ClosedResourceError`` once closed."""
-        if not self._finalizer.alive:
-            raise anyio.ClosedResourceError("the external semaphore is closed")
-        return self._handle
+    def close(self) -> None:
+        """Destroy the imported semaphore without waiting: a worker thread destroys it as soon
+        as the device allows (see :meth:`aclose`). Idempotent."""
+        super().close()
 
     async def aclose(self) -> None:
         """Destroy the imported semaphore. Idempotent, and always a checkpoint.
@@ -141,24 +141,16 @@ class ExternalSemaphore:
         in a worker thread and this waits for it without blocking the event loop. Cancelling
         abandons that wait; the semaphore is still destroyed once the device allows it.
         """
-        if self._finalizer.alive:
-            self._finalizer.detach()
+        if self._finalizer.detach() is not None:
             await anyio.to_thread.run_sync(
-                _release_semaphore, self._driver, self._handle, False, abandon_on_cancel=True
+                _release.release,
+                partial(self._driver.destroy_semaphore, self._handle),
+                self._describe(),
+                False,
+                abandon_on_cancel=True,
             )
         else:
             await anyio.lowlevel.checkpoint()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     # -------------------------------------------------------------- host-side awaits
 
@@ -190,14 +182,6 @@ class ExternalSemaphore:
                 "use wait_value(n) for a timeline semaphore"
             )
         await _host_wait([Wait(self)])
-
-
-def _release_semaphore(driver: Driver, handle: int, collected: bool) -> None:
-    if collected:
-        # The deferred release may run on an event loop's thread: destroy off it (see aclose).
-        release(partial(_destroy_in_thread, driver, handle), "an ExternalSemaphore", True)
-    else:
-        release(partial(driver.destroy_semaphore, handle), "an ExternalSemaphore", False)
 
 
 def _destroy_in_thread(driver: Driver, handle: int) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import warnings
-import weakref
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -13,8 +12,8 @@ import anyio.lowlevel
 from . import _release
 from ._driver import Driver
 from ._errors import AiocudasemError, DeviceFaultError, DeviceMismatchError
+from ._lifetime import Owned
 from ._notifier import Point, current_notifier, destroy_stream, event_pool, take_event
-from ._release import release
 from ._semaphore import Signal, Wait, check_same_device, resolve_driver
 
 if TYPE_CHECKING:
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ("Event", "HandOff", "Stream", "open_stream", "wait_external_semaphores", "wait_stream")
 
 
-class Stream:
+class Stream(Owned):
     """A CUDA stream, owned or borrowed.
 
     Owned streams come from :func:`open_stream` and are destroyed by ``aclose()`` (or
@@ -37,27 +36,32 @@ class Stream:
     always checkpoints.
     """
 
-    __slots__ = ("__weakref__", "_device", "_driver", "_events", "_finalizer", "_handle", "_owned")
+    __slots__ = ("_device", "_driver", "_events", "_owned")
     _device: int
     _events: list[int]
     _driver: Driver
-    _finalizer: weakref.finalize[..., Any]
-    _handle: int
     _owned: bool
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        raise TypeError("use aiocudasem.open_stream() or Stream.adopt() to get a Stream")
+    _factory = "use aiocudasem.open_stream() or Stream.adopt() to get a Stream"
+    _noun = "stream"
 
     @classmethod
     def _create(cls, driver: Driver, device: int, handle: int, owned: bool) -> Self:
         self = object.__new__(cls)
         self._driver = driver
         self._device = device
-        self._handle = handle
         self._owned = owned
         self._events = event_pool.free_list(driver, device)
-        self._finalizer = weakref.finalize(self, _release_stream, driver, handle, owned, True)
+        self._own(handle, partial(destroy_stream, driver, handle) if owned else None)
         return self
+
+    def _describe(self) -> str:
+        return f"aiocudasem.Stream {self._handle:#x} on device {self._device}"
+
+    def _release(self) -> None:
+        if self._owned:
+            _release.release(
+                partial(destroy_stream, self._driver, self._handle), self._describe(), False
+            )
 
     @classmethod
     def adopt(cls, stream: object, *, driver: Driver | str | None = None) -> Stream:
@@ -88,13 +92,6 @@ class Stream:
         return (0, self.handle)
 
     @property
-    def handle(self) -> int:
-        """The ``CUstream`` handle. Raises ``ClosedResourceError`` once closed."""
-        if not self._finalizer.alive:
-            raise anyio.ClosedResourceError("the stream is closed")
-        return self._handle
-
-    @property
     def device(self) -> int:
         return self._device
 
@@ -105,10 +102,6 @@ class Stream:
     @property
     def owned(self) -> bool:
         return self._owned
-
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
 
     # -------------------------------------------------------------- enqueue (sync)
 
@@ -190,12 +183,21 @@ class Stream:
 
     # -------------------------------------------------------------- lifetime
 
+    def close(self) -> None:
+        """Release the stream now, without waiting. Idempotent. An owned stream is destroyed:
+        the driver frees it once its enqueued work completes, which still runs. A borrowed
+        stream is only forgotten."""
+        super().close()
+
     async def aclose(self) -> None:
-        """Release the stream. Idempotent.
+        """Release the stream. Idempotent, and always a checkpoint.
 
         An owned stream first waits for its enqueued work, then is destroyed; if that wait is
         cancelled or fails, the stream is destroyed anyway (the driver frees it once its work
         completes) and the exception propagates. A borrowed stream is only forgotten.
+
+        ``async with`` calls this on a normal exit; when an exception leaves the block, it
+        calls :meth:`close` instead (no wait).
         """
         if not self._finalizer.alive:
             await anyio.lowlevel.checkpoint()
@@ -206,33 +208,7 @@ class Stream:
             else:
                 await anyio.lowlevel.checkpoint()
         finally:
-            self._close_now()
-
-    def _close_now(self) -> None:
-        if self._finalizer.alive:
-            self._finalizer.detach()
-            _release_stream(self._driver, self._handle, self._owned, False)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Normal exit: ``aclose()``, awaiting the enqueued work. Exit by an exception: the
-        stream is destroyed without waiting (its work still completes on the device)."""
-        if exc_type is None:
-            await self.aclose()
-        else:
-            self._close_now()
-
-
-def _release_stream(driver: Driver, handle: int, owned: bool, collected: bool) -> None:
-    if owned:
-        release(lambda: destroy_stream(driver, handle), "an aiocudasem Stream", collected)
+            self.close()
 
 
 def _stream_handle(obj: object) -> int:
@@ -273,43 +249,35 @@ def _entries(value: Any, kind: type) -> tuple[Any, ...]:
     raise TypeError(f"expected an aiocudasem.{kind.__name__} or a sequence of them")
 
 
-class Event:
+class Event(Owned):
     """A point in a stream: everything enqueued on it before :meth:`Stream.record`.
 
     Several coroutines can wait for one event; they share one notification. Close it with
-    :meth:`close` or let it be collected.
+    :meth:`close` (or ``async with``), or let it be collected: an event may be, without a
+    warning.
     """
 
-    __slots__ = ("__weakref__", "_finalizer", "_handle", "_point", "_stream")
-    _finalizer: weakref.finalize[..., Any]
-    _handle: int
+    __slots__ = ("_point", "_stream")
     _point: Point
     _stream: Stream
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        raise TypeError("use Stream.record() to get an Event")
+    _factory = "use Stream.record() to get an Event"
+    _noun = "event"
+    _warn_when_collected = False
 
     @classmethod
     def _create(cls, stream: Stream, handle: int) -> Self:
         self = object.__new__(cls)
         self._stream = stream
-        self._handle = handle
         self._point = Point(stream._driver, stream._device, stream._handle, handle, None)
         # Collected events are released at the library's next use, not inside the collector.
-        self._finalizer = weakref.finalize(
-            self, _release.defer, partial(_destroy_event, stream._driver, handle), "an Event"
-        )
+        self._own(handle, partial(_destroy_event, stream._driver, handle))
         return self
 
-    @property
-    def handle(self) -> int:
-        if not self._finalizer.alive:
-            raise anyio.ClosedResourceError("the event is closed")
-        return self._handle
+    def _describe(self) -> str:
+        return f"aiocudasem.Event {self._handle:#x} of {self._stream._describe()}"
 
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
+    def _release(self) -> None:
+        _destroy_event(self._stream._driver, self._handle)
 
     def query(self) -> bool:
         """True if the captured work has completed. Non-blocking."""
@@ -326,9 +294,7 @@ class Event:
         waits on it: close it once those waits are over."""
         if self._point.waiting and not self._point.done:
             raise anyio.BusyResourceError("waiting on")
-        if self._finalizer.alive:
-            self._finalizer.detach()
-            _destroy_event(self._stream._driver, self._handle)
+        super().close()
 
 
 def _destroy_event(driver: Driver, handle: int) -> None:

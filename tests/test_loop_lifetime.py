@@ -87,7 +87,7 @@ def test_a_loop_ending_with_an_armed_cancelled_wait_leaks_neither_fd_nor_event(
     for g in gates:
         g.set()
     for s in streams:
-        s._close_now()
+        s.close()
     # Every event is back in the pool: none was left behind with a dead loop. (The fault
     # watchdog's own event lives as long as its thread.)
     with sim._lock:
@@ -118,7 +118,7 @@ def test_an_event_can_be_awaited_again_in_a_later_loop(
     anyio.run(wait, backend=backend, backend_options=options)
     assert ev.query()
     ev.close()
-    s._close_now()
+    s.close()
 
 
 def test_an_event_awaited_by_two_loops_at_once_is_refused(parked: None) -> None:
@@ -160,7 +160,7 @@ def test_an_event_awaited_by_two_loops_at_once_is_refused(parked: None) -> None:
     assert not t.is_alive()
     assert errors == []
     ev.close()
-    s._close_now()
+    s.close()
 
 
 def _wait_for_child(pid: int, timeout: float) -> int:
@@ -222,7 +222,7 @@ def test_a_forked_child_gets_a_clear_error_not_a_hang() -> None:
             code = 12
         os._exit(code)
     assert _wait_for_child(pid, 30) == 0
-    s._close_now()
+    s.close()
     anyio.run(sem.aclose)
 
 

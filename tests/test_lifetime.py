@@ -1,0 +1,202 @@
+"""One lifetime for every owned object: Stream, Event and ExternalSemaphore behave alike."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import aiocudasem as acs
+from aiocudasem.lowlevel import SemOp
+from aiocudasem.testing import SimDriver, hold, import_sim_semaphore
+
+pytestmark = pytest.mark.anyio
+
+Make = Callable[[SimDriver, acs.Stream], Any]
+
+
+@pytest.fixture
+async def work(sim: SimDriver) -> AsyncIterator[acs.Stream]:
+    async with acs.open_stream(driver=sim) as s:
+        yield s
+
+
+def _stream(sim: SimDriver, work: acs.Stream) -> acs.Stream:
+    return acs.open_stream(driver=sim)
+
+
+def _event(sim: SimDriver, work: acs.Stream) -> acs.Event:
+    return work.record()
+
+
+def _semaphore(sim: SimDriver, work: acs.Stream) -> acs.ExternalSemaphore:
+    return import_sim_semaphore(sim)[0]
+
+
+OWNED = [
+    pytest.param(_stream, id="Stream"),
+    pytest.param(_event, id="Event"),
+    pytest.param(_semaphore, id="ExternalSemaphore"),
+]
+
+
+@pytest.mark.parametrize("cls", [acs.Stream, acs.Event, acs.ExternalSemaphore])
+def test_no_public_constructor(cls: type) -> None:
+    with pytest.raises(TypeError, match="use "):
+        cls()
+
+
+@pytest.mark.parametrize("make", OWNED)
+async def test_close_is_idempotent_and_closes(sim: SimDriver, work: acs.Stream, make: Make) -> None:
+    obj = make(sim, work)
+    assert not obj.closed
+    obj.close()
+    obj.close()
+    assert obj.closed
+    with pytest.raises(anyio.ClosedResourceError, match="is closed"):
+        obj.handle  # noqa: B018
+    await obj.aclose()  # closing a closed object is fine, and a checkpoint
+    assert obj.closed
+
+
+@pytest.mark.parametrize("make", OWNED)
+async def test_async_with_closes_and_refuses_a_closed_object(
+    sim: SimDriver, work: acs.Stream, make: Make
+) -> None:
+    obj = make(sim, work)
+    async with obj as entered:
+        assert entered is obj
+    assert obj.closed
+    with pytest.raises(anyio.ClosedResourceError):
+        async with obj:
+            pytest.fail("entered a closed object")  # pragma: no cover
+
+
+@pytest.mark.parametrize("make", OWNED)
+async def test_aclose_is_a_checkpoint(sim: SimDriver, work: acs.Stream, make: Make) -> None:
+    obj = make(sim, work)
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await obj.aclose()
+    # Cancelled at the checkpoint, but released all the same.
+    assert obj.closed
+
+
+def _signal(sim: SimDriver, sem: int, work: acs.Stream) -> None:
+    sim.signal_semaphores([SemOp(sem, value=1)], work.handle)
+
+
+@pytest.mark.parametrize(
+    ("make", "use"),
+    [
+        (_stream, lambda sim, h, work: sim.stream_query(h)),
+        (_event, lambda sim, h, work: sim.event_query(h)),
+        (_semaphore, _signal),
+    ],
+    ids=["Stream", "Event", "ExternalSemaphore"],
+)
+async def test_detach_hands_the_handle_over_without_releasing_it(
+    sim: SimDriver,
+    work: acs.Stream,
+    make: Make,
+    use: Callable[[SimDriver, int, acs.Stream], object],
+) -> None:
+    obj = make(sim, work)
+    handle = obj.handle
+    assert obj.detach() == handle
+    assert obj.closed
+    del obj
+    gc.collect()  # no ResourceWarning (warnings are errors here)...
+    async with acs.open_stream(driver=sim):  # ...and the next use releases nothing
+        pass
+    use(sim, handle, work)  # the driver still has it: it is the caller's now
+
+
+async def test_closing_a_stream_does_not_wait_for_its_work(sim: SimDriver) -> None:
+    s = acs.open_stream(driver=sim)
+    gate = hold(s)
+    s.close()  # returns at once; the gated work still completes on the device
+    assert s.closed
+    gate.set()
+
+
+async def test_closing_a_semaphore_destroys_it_off_the_calling_thread(
+    sim: SimDriver, work: acs.Stream
+) -> None:
+    sem, _ = import_sim_semaphore(sim)
+    handle = sem.handle
+    sem.close()
+    with anyio.fail_after(5):
+        while True:  # destroyed by a worker thread, soon
+            try:
+                _signal(sim, handle, work)
+            except acs.CudaError:
+                break
+            await anyio.sleep(0.001)
+
+
+@pytest.mark.parametrize("make", [p for p in OWNED if p.id != "Event"])
+async def test_a_forgotten_object_warns_with_its_name(
+    sim: SimDriver, work: acs.Stream, make: Make
+) -> None:
+    obj = make(sim, work)
+    name = type(obj).__name__
+    with pytest.warns(ResourceWarning, match=rf"aiocudasem\.{name} 0x[0-9a-f]+.*collected"):
+        del obj
+        gc.collect()
+
+
+async def test_an_event_may_be_left_to_the_collector_without_a_warning(
+    sim: SimDriver, work: acs.Stream
+) -> None:
+    ev = _event(sim, work)
+    del ev
+    gc.collect()  # warnings are errors in this suite
+
+
+_DEV_MODE = """
+import gc, warnings
+import aiocudasem as acs
+from aiocudasem.testing import SimDriver
+
+warnings.simplefilter("always")
+sim = SimDriver()
+
+def make_one():
+    return acs.open_stream(driver=sim)  # the line the warning must name
+
+s = make_one()
+del s
+gc.collect()
+"""
+
+
+@pytest.mark.parametrize("flag", [["-X", "dev"], ["-X", "tracemalloc"], []])
+def test_dev_mode_names_where_a_forgotten_object_was_created(
+    tmp_path: Path, flag: list[str]
+) -> None:
+    script = tmp_path / "forgot.py"
+    script.write_text(textwrap.dedent(_DEV_MODE))
+    proc = subprocess.run(
+        [sys.executable, "-W", "always", *flag, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "ResourceWarning" in proc.stderr
+    line = _DEV_MODE.splitlines().index(
+        "    return acs.open_stream(driver=sim)  # the line the warning must name"
+    )
+    site = f"created at {script}:{line + 1} in make_one"
+    if flag:
+        assert site in proc.stderr, proc.stderr
+    else:
+        assert "created at" not in proc.stderr, proc.stderr  # free outside development mode
