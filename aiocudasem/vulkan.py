@@ -37,8 +37,8 @@ from ._errors import DeviceMismatchError, VulkanError, VulkanUnavailableError
 __all__ = ("VulkanDevice", "VulkanSemaphore")
 
 # ---------------------------------------------------------------------------------------------
-# Constants. Names are the C names of vulkan_core.h; every one is listed in _CONSTANTS, which the
-# layout test compares with the header.
+# Constants. Names are the C names of vulkan_core.h; _CONSTANTS collects every one of them, and
+# the layout test compares it with the header.
 
 VK_SUCCESS: Final = 0
 VK_NOT_READY: Final = 1
@@ -108,72 +108,12 @@ VK_EXTERNAL_SEMAPHORE_FEATURE_EXPORTABLE_BIT: Final = 0x1
 VK_KHR_EXTERNAL_SEMAPHORE_FD_EXTENSION_NAME: Final = "VK_KHR_external_semaphore_fd"
 VK_KHR_TIMELINE_SEMAPHORE_EXTENSION_NAME: Final = "VK_KHR_timeline_semaphore"
 
-_CONSTANT_NAMES: Final = (
-    "VK_SUCCESS",
-    "VK_NOT_READY",
-    "VK_TIMEOUT",
-    "VK_INCOMPLETE",
-    "VK_ERROR_OUT_OF_HOST_MEMORY",
-    "VK_ERROR_OUT_OF_DEVICE_MEMORY",
-    "VK_ERROR_INITIALIZATION_FAILED",
-    "VK_ERROR_DEVICE_LOST",
-    "VK_ERROR_MEMORY_MAP_FAILED",
-    "VK_ERROR_LAYER_NOT_PRESENT",
-    "VK_ERROR_EXTENSION_NOT_PRESENT",
-    "VK_ERROR_FEATURE_NOT_PRESENT",
-    "VK_ERROR_INCOMPATIBLE_DRIVER",
-    "VK_ERROR_TOO_MANY_OBJECTS",
-    "VK_ERROR_FORMAT_NOT_SUPPORTED",
-    "VK_ERROR_FRAGMENTED_POOL",
-    "VK_ERROR_UNKNOWN",
-    "VK_ERROR_OUT_OF_POOL_MEMORY",
-    "VK_ERROR_INVALID_EXTERNAL_HANDLE",
-    "VK_ERROR_FRAGMENTATION",
-    "VK_ERROR_INVALID_OPAQUE_CAPTURE_ADDRESS",
-    "VK_STRUCTURE_TYPE_APPLICATION_INFO",
-    "VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO",
-    "VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO",
-    "VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO",
-    "VK_STRUCTURE_TYPE_SUBMIT_INFO",
-    "VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO",
-    "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2",
-    "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2",
-    "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES",
-    "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_SEMAPHORE_INFO",
-    "VK_STRUCTURE_TYPE_EXTERNAL_SEMAPHORE_PROPERTIES",
-    "VK_STRUCTURE_TYPE_EXPORT_SEMAPHORE_CREATE_INFO",
-    "VK_STRUCTURE_TYPE_SEMAPHORE_GET_FD_INFO_KHR",
-    "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES",
-    "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_PROPERTIES",
-    "VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO",
-    "VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO",
-    "VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO",
-    "VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO",
-    "VK_API_VERSION_1_1",
-    "VK_API_VERSION_1_2",
-    "VK_TRUE",
-    "VK_UUID_SIZE",
-    "VK_MAX_PHYSICAL_DEVICE_NAME_SIZE",
-    "VK_MAX_EXTENSION_NAME_SIZE",
-    "VK_PHYSICAL_DEVICE_TYPE_OTHER",
-    "VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU",
-    "VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU",
-    "VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU",
-    "VK_PHYSICAL_DEVICE_TYPE_CPU",
-    "VK_QUEUE_GRAPHICS_BIT",
-    "VK_QUEUE_COMPUTE_BIT",
-    "VK_QUEUE_TRANSFER_BIT",
-    "VK_PIPELINE_STAGE_ALL_COMMANDS_BIT",
-    "VK_SEMAPHORE_TYPE_BINARY",
-    "VK_SEMAPHORE_TYPE_TIMELINE",
-    "VK_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD_BIT",
-    "VK_EXTERNAL_SEMAPHORE_FEATURE_EXPORTABLE_BIT",
-    "VK_KHR_EXTERNAL_SEMAPHORE_FD_EXTENSION_NAME",
-    "VK_KHR_TIMELINE_SEMAPHORE_EXTENSION_NAME",
-)
-#: (C name, Python value) of every constant this module relies on.
+#: (C name, Python value) of every constant this module relies on: each ``VK_`` name defined
+#: above, in order, so that a new constant is checked against the header without a second list.
 _CONSTANTS: Final[tuple[tuple[str, int | str], ...]] = tuple(
-    (name, globals()[name]) for name in _CONSTANT_NAMES
+    (name, value)
+    for name, value in globals().items()
+    if name.startswith("VK_") and isinstance(value, int | str)
 )
 _RESULT_NAMES: Final[dict[int, str]] = {
     value: name
