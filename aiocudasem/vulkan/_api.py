@@ -368,31 +368,7 @@ class VulkanSemaphore:
                     "a binary semaphore carries no value; call submit_wait() without one"
                 )
             wait_value = 0
-        other: _SemaphoreState | None = None
-        signal_value = 0
-        if then_signal is None:
-            if then_signal_value is not None:
-                raise TypeError("then_signal_value is only meaningful together with then_signal")
-        else:
-            if not isinstance(then_signal, VulkanSemaphore):
-                raise TypeError(
-                    f"then_signal must be a VulkanSemaphore, got {type(then_signal).__name__}"
-                )
-            other = then_signal._state
-            if other.device is not state.device:
-                raise DeviceMismatchError(
-                    "then_signal belongs to another VulkanDevice; a batch can only use "
-                    "semaphores of the device it is submitted to"
-                )
-            if other.timeline:
-                if then_signal_value is None:
-                    raise TypeError("then_signal is a timeline semaphore: give then_signal_value")
-                signal_value = _check_u64("then_signal_value", then_signal_value)
-            elif then_signal_value is not None:
-                raise TypeError(
-                    "then_signal is a binary semaphore, which carries no value; "
-                    "leave then_signal_value unset"
-                )
+        other, signal_value = self._check_then_signal(then_signal, then_signal_value)
         device = state.device
         with device.locked():
             device.check_open_locked(state)
@@ -406,6 +382,36 @@ class VulkanSemaphore:
                 then_signal._check_new_signal_locked("then_signal_value", signal_value)
             signals = ((other, signal_value),) if other is not None else ()
             device.submit_locked(((state, wait_value),), signals)
+
+    def _check_then_signal(
+        self, then_signal: VulkanSemaphore | None, then_signal_value: int | None
+    ) -> tuple[_SemaphoreState | None, int]:
+        """The state of :meth:`submit_wait`'s ``then_signal`` (None without one) and the value
+        to signal it to, checked before the device's lock is taken."""
+        if then_signal is None:
+            if then_signal_value is not None:
+                raise TypeError("then_signal_value is only meaningful together with then_signal")
+            return None, 0
+        if not isinstance(then_signal, VulkanSemaphore):
+            raise TypeError(
+                f"then_signal must be a VulkanSemaphore, got {type(then_signal).__name__}"
+            )
+        other = then_signal._state
+        if other.device is not self._state.device:
+            raise DeviceMismatchError(
+                "then_signal belongs to another VulkanDevice; a batch can only use "
+                "semaphores of the device it is submitted to"
+            )
+        if other.timeline:
+            if then_signal_value is None:
+                raise TypeError("then_signal is a timeline semaphore: give then_signal_value")
+            return other, _check_u64("then_signal_value", then_signal_value)
+        if then_signal_value is not None:
+            raise TypeError(
+                "then_signal is a binary semaphore, which carries no value; "
+                "leave then_signal_value unset"
+            )
+        return other, 0
 
     def close(self) -> None:
         """Destroy the ``VkSemaphore`` (once no pending batch or host wait uses it). Idempotent.
