@@ -24,8 +24,7 @@ import anyio
 import pytest
 
 from aiocudasem import DeviceMismatchError, VulkanError, VulkanUnavailableError
-from aiocudasem import vulkan as vk
-from aiocudasem.vulkan import VulkanDevice, VulkanSemaphore
+from aiocudasem.vulkan import VulkanDevice, VulkanSemaphore, _abi, _loader, _state
 
 _REPO = Path(__file__).resolve().parents[1]
 _NO_SUCH_LIBRARY = "libaiocudasem-no-such-vulkan-loader.so.1"
@@ -85,16 +84,16 @@ def test_import_does_not_load_the_loader() -> None:
 
 
 def test_missing_loader_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(vk._LOADER_ENV, _NO_SUCH_LIBRARY)
+    monkeypatch.setenv(_loader._LOADER_ENV, _NO_SUCH_LIBRARY)
     with pytest.raises(VulkanUnavailableError, match="cannot load the Vulkan loader") as info:
         VulkanDevice.open()
     assert _NO_SUCH_LIBRARY in str(info.value)
-    assert vk._LOADER_ENV in str(info.value)
+    assert _loader._LOADER_ENV in str(info.value)
 
 
 def test_missing_loader_names(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(vk._LOADER_ENV, raising=False)
-    monkeypatch.setattr(vk, "_LOADER_NAMES", (_NO_SUCH_LIBRARY, "libaiocudasem-nope.so"))
+    monkeypatch.delenv(_loader._LOADER_ENV, raising=False)
+    monkeypatch.setattr(_loader, "_LOADER_NAMES", (_NO_SUCH_LIBRARY, "libaiocudasem-nope.so"))
     with pytest.raises(VulkanUnavailableError) as info:
         VulkanDevice.open()
     assert _NO_SUCH_LIBRARY in str(info.value)
@@ -102,7 +101,7 @@ def test_missing_loader_names(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_library_that_is_not_a_loader(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(vk._LOADER_ENV, "libc.so.6")
+    monkeypatch.setenv(_loader._LOADER_ENV, "libc.so.6")
     with pytest.raises(VulkanUnavailableError, match="vkGetInstanceProcAddr"):
         VulkanDevice.open()
 
@@ -151,43 +150,43 @@ def test_uuid_length(uuid: bytes) -> None:
 
 
 def test_uint64_check() -> None:
-    assert vk._check_u64("v", 0) == 0
-    assert vk._check_u64("v", 2**64 - 1) == 2**64 - 1
+    assert _loader._check_u64("v", 0) == 0
+    assert _loader._check_u64("v", 2**64 - 1) == 2**64 - 1
     for bad_type in (True, 1.0, "1", None):
         with pytest.raises(TypeError, match="v must be an int"):
-            vk._check_u64("v", bad_type)
+            _loader._check_u64("v", bad_type)
     for bad_value in (-1, 2**64):
         with pytest.raises(ValueError, match=r"v must be in \[0, 2\*\*64 - 1\]"):
-            vk._check_u64("v", bad_value)
+            _loader._check_u64("v", bad_value)
 
 
 def test_timeout_conversion() -> None:
-    assert vk._timeout_ns(None) == 2**64 - 1
-    assert vk._timeout_ns(math.inf) == 2**64 - 1
-    assert vk._timeout_ns(1e30) == 2**64 - 1
-    assert vk._timeout_ns(0) == 0
-    assert vk._timeout_ns(1.5) == 1_500_000_000
-    assert vk._timeout_ns(2) == 2_000_000_000
+    assert _loader._timeout_ns(None) == 2**64 - 1
+    assert _loader._timeout_ns(math.inf) == 2**64 - 1
+    assert _loader._timeout_ns(1e30) == 2**64 - 1
+    assert _loader._timeout_ns(0) == 0
+    assert _loader._timeout_ns(1.5) == 1_500_000_000
+    assert _loader._timeout_ns(2) == 2_000_000_000
     for bad_value in (-0.001, math.nan):
         with pytest.raises(ValueError, match="timeout"):
-            vk._timeout_ns(bad_value)
+            _loader._timeout_ns(bad_value)
     for bad_type in (True, "1", b"1"):
         with pytest.raises(TypeError, match="timeout"):
-            vk._timeout_ns(bad_type)
+            _loader._timeout_ns(bad_type)
 
 
 def test_error_carries_result() -> None:
-    err = vk._vk_error("vkQueueSubmit", vk.VK_ERROR_DEVICE_LOST)
+    err = _loader._vk_error("vkQueueSubmit", _abi.VK_ERROR_DEVICE_LOST)
     assert isinstance(err, VulkanError)
     assert err.status == -4
     assert err.name == "VK_ERROR_DEVICE_LOST"
     assert "vkQueueSubmit" in str(err)
-    unknown = vk._vk_error("vkQueueSubmit", -123456)
+    unknown = _loader._vk_error("vkQueueSubmit", -123456)
     assert unknown.status == -123456
     assert unknown.name == ""
     with pytest.raises(VulkanError):
-        vk._check("vkQueueSubmit", -1)
-    assert vk._check("vkWaitSemaphores", vk.VK_TIMEOUT) == vk.VK_TIMEOUT
+        _loader._check("vkQueueSubmit", -1)
+    assert _loader._check("vkWaitSemaphores", _abi.VK_TIMEOUT) == _abi.VK_TIMEOUT
 
 
 def test_not_constructed_directly() -> None:
@@ -202,7 +201,7 @@ def test_not_constructed_directly() -> None:
 
 def _open_any() -> VulkanDevice:
     try:
-        return VulkanDevice(vk._open_state(None, require_export=False))
+        return VulkanDevice(_state._open_state(None, require_export=False))
     except VulkanUnavailableError as exc:
         pytest.skip(f"no Vulkan device here, not even a CPU one: {exc}")
 
@@ -456,7 +455,7 @@ def test_semaphore_in_pending_batch_outlives_close(device: VulkanDevice) -> None
 
 
 def test_close_with_stuck_queue_leaks_with_warning(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vk, "_CLOSE_DRAIN_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(_state, "_CLOSE_DRAIN_TIMEOUT_S", 0.1)
     device = _open_any()
     sem = device.create_timeline_semaphore()
     sem.submit_wait(1)  # nobody will signal it

@@ -1,6 +1,6 @@
-"""The ctypes mirror of vulkan_core.h in aiocudasem.vulkan, checked against the real header.
+"""The ctypes mirror of vulkan_core.h in aiocudasem.vulkan._abi, checked against the real header.
 
-A C program generated from the module's registries (_STRUCTS, _CONSTANTS, _FUNCTIONS) prints
+A C program generated from that module's registries (_STRUCTS, _CONSTANTS, _FUNCTIONS) prints
 the size, alignment and field offsets of every structure, the value of every constant and the
 size of every command parameter; it also fails to compile if a command's declared C signature
 differs from the header's PFN_ type. Needs a C compiler and the Vulkan headers (Debian:
@@ -10,15 +10,19 @@ libvulkan-dev); skips with the reason when either is missing.
 from __future__ import annotations
 
 import ctypes
+import importlib
+import pkgutil
 import re
 import shutil
 import subprocess
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
-from aiocudasem import vulkan as vk
+import aiocudasem.vulkan
+from aiocudasem.vulkan import _abi
 
 _HEADER = "vulkan/vulkan_core.h"
 
@@ -67,7 +71,7 @@ def _program() -> str:
     def emit(fmt: str, *args: str) -> None:
         out.append(f'    printf("{fmt}\\n"{"".join(", " + a for a in args)});')
 
-    for c_name, cls in vk._STRUCTS:
+    for c_name, cls in _abi._STRUCTS:
         emit(f"struct {c_name}\\t%zu %zu", f"sizeof({c_name})", f"_Alignof({c_name})")
         for field_name, *_ in cls._fields_:
             emit(
@@ -75,16 +79,16 @@ def _program() -> str:
                 f"offsetof({c_name}, {field_name})",
                 f"sizeof((({c_name} *)0)->{field_name})",
             )
-    for c_name, cls in vk._STRUCTS:
-        if cls in vk._STRUCTURE_TYPES:
+    for c_name, cls in _abi._STRUCTS:
+        if cls in _abi._STRUCTURE_TYPES:
             stype = _struct_type_name(c_name)
             emit(f"stype {c_name}\\t%lld", f"(long long)({stype})")
-    for name, value in vk._CONSTANTS:
+    for name, value in _abi._CONSTANTS:
         if isinstance(value, str):
             emit(f"const {name}\\t%s", name)
         else:
             emit(f"const {name}\\t%lld", f"(long long)({name})")
-    for fn_name, ((c_ret, _), params) in vk._FUNCTIONS.items():
+    for fn_name, ((c_ret, _), params) in _abi._FUNCTIONS.items():
         c_params = ", ".join(c_type for c_type, _ in params)
         # Initialising our signature from the header's PFN_ type is a compile error (with
         # -Werror=incompatible-pointer-types) unless return and parameter types all match.
@@ -122,7 +126,7 @@ def header_facts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str
     )
     assert built.returncode == 0, (
         f"the layout probe does not compile against <{_HEADER}>: a declared C type or "
-        f"command signature in aiocudasem.vulkan is wrong\n{built.stderr}"
+        f"command signature in aiocudasem.vulkan._abi is wrong\n{built.stderr}"
     )
     ran = subprocess.run([str(binary)], capture_output=True, text=True, check=True)
     facts: dict[str, list[str]] = {}
@@ -132,6 +136,15 @@ def header_facts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str
     return facts
 
 
+def _package_modules() -> list[ModuleType]:
+    """aiocudasem.vulkan and every module in it."""
+    package = aiocudasem.vulkan
+    return [package] + [
+        importlib.import_module(f"{package.__name__}.{info.name}")
+        for info in pkgutil.iter_modules(package.__path__)
+    ]
+
+
 def _ctype_size(ctype: Any) -> int | None:
     return None if ctype is None else ctypes.sizeof(ctype)
 
@@ -139,21 +152,22 @@ def _ctype_size(ctype: Any) -> int | None:
 def test_every_structure_is_registered() -> None:
     defined = {
         obj
-        for obj in vars(vk).values()
+        for module in _package_modules()
+        for obj in vars(module).values()
         if isinstance(obj, type)
         and issubclass(obj, ctypes.Structure)
-        and obj.__module__ == vk.__name__
+        and obj.__module__ == module.__name__
     }
-    registered = {cls for _, cls in vk._STRUCTS}
+    registered = {cls for _, cls in _abi._STRUCTS}
     assert defined == registered, (
         f"not in _STRUCTS: {sorted(c.__name__ for c in defined - registered)}"
     )
-    assert all(c_name == cls.__name__ for c_name, cls in vk._STRUCTS)
+    assert all(c_name == cls.__name__ for c_name, cls in _abi._STRUCTS)
 
 
 def test_struct_layouts_match_header(header_facts: dict[str, list[str]]) -> None:
     mismatches: list[str] = []
-    for c_name, cls in vk._STRUCTS:
+    for c_name, cls in _abi._STRUCTS:
         size, align = (int(v) for v in header_facts[f"struct {c_name}"])
         if (ctypes.sizeof(cls), ctypes.alignment(cls)) != (size, align):
             mismatches.append(
@@ -173,35 +187,36 @@ def test_struct_layouts_match_header(header_facts: dict[str, list[str]]) -> None
 
 def test_structure_types_match_header(header_facts: dict[str, list[str]]) -> None:
     mismatches = [
-        f"{c_name}: sType C={header_facts[f'stype {c_name}'][0]} python={vk._STRUCTURE_TYPES[cls]}"
-        for c_name, cls in vk._STRUCTS
-        if cls in vk._STRUCTURE_TYPES
-        and int(header_facts[f"stype {c_name}"][0]) != vk._STRUCTURE_TYPES[cls]
+        f"{c_name}: sType C={header_facts[f'stype {c_name}'][0]} "
+        f"python={_abi._STRUCTURE_TYPES[cls]}"
+        for c_name, cls in _abi._STRUCTS
+        if cls in _abi._STRUCTURE_TYPES
+        and int(header_facts[f"stype {c_name}"][0]) != _abi._STRUCTURE_TYPES[cls]
     ]
     assert not mismatches, "wrong sType for:\n" + "\n".join(mismatches)
     # Every structure that starts with sType must have an entry, or _new() leaves it at 0.
     missing = [
         c_name
-        for c_name, cls in vk._STRUCTS
-        if cls._fields_[0][0] == "sType" and cls not in vk._STRUCTURE_TYPES
+        for c_name, cls in _abi._STRUCTS
+        if cls._fields_[0][0] == "sType" and cls not in _abi._STRUCTURE_TYPES
     ]
     assert not missing, f"structures without an sType entry: {missing}"
 
 
 def test_constants_match_header(header_facts: dict[str, list[str]]) -> None:
     mismatches: list[str] = []
-    for name, value in vk._CONSTANTS:
+    for name, value in _abi._CONSTANTS:
         printed = " ".join(header_facts[f"const {name}"])
         expected = value if isinstance(value, str) else int(printed)
         if expected != value or (isinstance(value, str) and printed != value):
             mismatches.append(f"{name}: C={printed!r} python={value!r}")
-        assert getattr(vk, name) == value
+        assert getattr(_abi, name) == value
     assert not mismatches, "constants differ from vulkan_core.h:\n" + "\n".join(mismatches)
 
 
 def test_command_parameter_sizes_match_header(header_facts: dict[str, list[str]]) -> None:
     mismatches: list[str] = []
-    for fn_name, ((c_ret, ret_ctype), params) in vk._FUNCTIONS.items():
+    for fn_name, ((c_ret, ret_ctype), params) in _abi._FUNCTIONS.items():
         for index, (c_type, ctype) in enumerate(params):
             size = int(header_facts[f"param {fn_name} {index}"][0])
             if _ctype_size(ctype) != size:
@@ -219,33 +234,33 @@ def test_command_parameter_sizes_match_header(header_facts: dict[str, list[str]]
 
 def test_structure_pointer_parameters_point_to_that_structure() -> None:
     # Sizes cannot tell a pointer to one structure from a pointer to another.
-    structs = dict(vk._STRUCTS)
+    structs = dict(_abi._STRUCTS)
     wrong: list[str] = []
-    for fn_name, (_, params) in vk._FUNCTIONS.items():
+    for fn_name, (_, params) in _abi._FUNCTIONS.items():
         for index, (c_type, ctype) in enumerate(params):
             base = c_type.removeprefix("const ").removesuffix("*")
             if base in structs and ctype is not ctypes.POINTER(structs[base]):
                 wrong.append(f"{fn_name} parameter {index}: {c_type} declared as {ctype}")
-    for c_name, cls in vk._STRUCTS:
+    for c_name, cls in _abi._STRUCTS:
         for field_name, ctype, *_ in cls._fields_:
             target = getattr(ctype, "_type_", None)
             if isinstance(target, type) and issubclass(target, ctypes.Structure):
-                assert (target.__name__, target) in vk._STRUCTS, f"{c_name}.{field_name}"
+                assert (target.__name__, target) in _abi._STRUCTS, f"{c_name}.{field_name}"
     assert not wrong, "\n".join(wrong)
 
 
 def test_every_command_used_is_declared() -> None:
-    used = set(vk._INSTANCE_COMMANDS) | set(vk._DEVICE_COMMANDS) | set(vk._TIMELINE_COMMANDS)
+    used = set(_abi._INSTANCE_COMMANDS) | set(_abi._DEVICE_COMMANDS) | set(_abi._TIMELINE_COMMANDS)
     used |= {
         "vkGetInstanceProcAddr",
         "vkEnumerateInstanceVersion",
         "vkCreateInstance",
         "vkGetSemaphoreFdKHR",
     }
-    assert used <= set(vk._FUNCTIONS), sorted(used - set(vk._FUNCTIONS))
-    source = Path(vk.__file__).read_text()
+    assert used <= set(_abi._FUNCTIONS), sorted(used - set(_abi._FUNCTIONS))
+    source = "".join(Path(str(module.__file__)).read_text() for module in _package_modules())
     called = set(re.findall(r'"(vk[A-Z][A-Za-z0-9]+)"', source))
-    assert called <= set(vk._FUNCTIONS), sorted(called - set(vk._FUNCTIONS))
+    assert called <= set(_abi._FUNCTIONS), sorted(called - set(_abi._FUNCTIONS))
 
 
 def test_struct_type_name_rule() -> None:
