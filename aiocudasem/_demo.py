@@ -41,7 +41,7 @@ from .testing import SEEN, frame_words, workloads
 
 class _Producer(Protocol):
     def signal(self, value: int) -> None: ...
-    def wait(self, value: int, timeout: float | None = None) -> bool: ...
+    def block_until(self, value: int, timeout: float | None = None) -> bool: ...
     def export_fd(self) -> int: ...
 
 
@@ -93,7 +93,7 @@ def _producers(
             if n % 2:
                 # Vulkan forbids a host signal below a pending queue signal
                 # (VUID-VkSemaphoreSignalInfo-value-03259): let the last one land first.
-                if n > 1 and not sem.wait(n - 1, timeout=10.0):
+                if n > 1 and not sem.block_until(n - 1, timeout=10.0):
                     raise RuntimeError(f"Vulkan's queue signal of frame {n - 1} never landed")
                 sem.signal(n)
             else:
@@ -102,7 +102,7 @@ def _producers(
         try:
             yield f"Vulkan on {vk.name} (device UUID matched)", vready, vdone, signal_vk
         finally:
-            vk.wait_idle()
+            vk.block_until_idle()
 
 
 def _import(driver: Driver, device: int, producer: _Producer) -> ExternalSemaphore:
@@ -222,7 +222,7 @@ async def _pipeline(
                     reuse = n - buffers  # the frame that used this buffer last
                     if reuse >= 1 and wait_for_reuse:
                         owner = done[(reuse - 1) % consumers]  # consumer k has k+1, k+1+K, ...
-                        while not owner.wait(reuse, timeout=0.1):
+                        while not owner.block_until(reuse, timeout=0.1):
                             if stop.is_set():
                                 return
                     bufs[n % buffers] = frame_words(n, words)
@@ -293,7 +293,7 @@ def _release(ready: _Producer, frames: int) -> None:
     with contextlib.suppress(Exception):
         vk_device = getattr(ready, "device", None)  # Vulkan: let pending queue signals land
         if vk_device is not None:
-            vk_device.wait_idle()
+            vk_device.block_until_idle()
         if ready.value < frames:  # type: ignore[attr-defined]
             ready.signal(frames)
 

@@ -426,7 +426,7 @@ async def _host_wait(entries: list[Wait]) -> None:
     stream = _host_streams.take(drv, device)
     done = False
     try:
-        drv.wait_semaphores(ops, stream)
+        drv.enqueue_semaphore_waits(ops, stream)
         pool = event_pool.free_list(drv, device)
         event = take_event(drv, device, pool)
         try:

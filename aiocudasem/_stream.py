@@ -121,7 +121,7 @@ class Stream(Owned):
             raise
         return Event._create(self, event)
 
-    def wait_event(self, event: Event) -> None:
+    def enqueue_event_wait(self, event: Event) -> None:
         """Make later work on this stream wait for ``event`` (on the GPU). Non-blocking."""
         if not isinstance(event, Event):
             raise TypeError(f"expected an aiocudasem.Event, not {type(event).__name__}")
@@ -136,14 +136,14 @@ class Stream(Owned):
         :class:`DeviceMismatchError` for a semaphore of another device."""
         self._enqueue(waits, Wait)
         handle = self.handle
-        self._driver.wait_semaphores([w._op() for w in waits], handle)
+        self._driver.enqueue_semaphore_waits([w._op() for w in waits], handle)
 
     def enqueue_signal(self, *signals: Signal) -> None:
         """Enqueue signals of external semaphores, all in one driver call
         (``cuSignalExternalSemaphoresAsync``); they fire when earlier work completes."""
         self._enqueue(signals, Signal)
         handle = self.handle
-        self._driver.signal_semaphores([s._op() for s in signals], handle)
+        self._driver.enqueue_semaphore_signals([s._op() for s in signals], handle)
 
     def _enqueue(self, entries: tuple[Any, ...], kind: type) -> None:
         for e in entries:

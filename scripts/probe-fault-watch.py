@@ -63,7 +63,7 @@ def child(case: str, window: float) -> dict[str, Any]:
         vsem = vk.create_timeline_semaphore(0)
         keep += [vk, vsem]
         sem = drv.import_semaphore(0, SemaphoreDesc(9, fd=vsem.export_fd()))
-        drv.wait_semaphores([SemOp(sem, 1)], parked)  # never signalled
+        drv.enqueue_semaphore_waits([SemOp(sem, 1)], parked)  # never signalled
     else:
         workloads(drv).launch_spin(parked, 4_000_000_000)
     point = drv.event_create(0)

@@ -145,7 +145,7 @@ class Rig:
         from aiocudasem.lowlevel import SemOp
 
         for stream in (self.S, *more):
-            self.drv.wait_semaphores([SemOp(self.sem, value=1)], stream)
+            self.drv.enqueue_semaphore_waits([SemOp(self.sem, value=1)], stream)
         _say("BLOCKED")
 
     def op(self, name: str, fn: Callable[[], object]) -> None:
@@ -545,9 +545,9 @@ def _own_operations(rig: Rig, args: list[str]) -> None:
         elif name == "destroy_semaphore":
             drv.destroy_semaphore(unused)
         elif name == "signal_semaphores":
-            drv.signal_semaphores([SemOp(sig, value=1)], rig.S)
+            drv.enqueue_semaphore_signals([SemOp(sig, value=1)], rig.S)
         elif name == "wait_semaphores":
-            drv.wait_semaphores([SemOp(sig, value=1)], side)
+            drv.enqueue_semaphore_waits([SemOp(sig, value=1)], side)
         elif name == "queries":
             drv.stream_query(rig.S)
             drv.event_query(ev_s)

@@ -132,7 +132,7 @@ class HostSide(Protocol):
     @property
     def value(self) -> int: ...
     def signal(self, value: int) -> None: ...
-    def wait(self, value: int, timeout: float | None = None) -> bool: ...
+    def block_until(self, value: int, timeout: float | None = None) -> bool: ...
 
 
 class Rig:
@@ -212,7 +212,7 @@ class VulkanRig(Rig):
     def settle(self) -> None:
         # vkSignalSemaphore must stay below a queue signal still pending; the relay's batch has
         # executed (its signal was observed), but its completion is tracked separately.
-        self.vk.wait_idle()
+        self.vk.block_until_idle()
 
     async def __aexit__(self, *exc_info: object) -> None:
         await super().__aexit__(*exc_info)
@@ -310,7 +310,7 @@ def _host_wait(side: HostSide, value: int, stop: threading.Event, limit: float, 
     """Block a producer thread until ``side >= value``, in short slices so that it notices
     ``stop``; raise _Stop with a reason after ``limit`` seconds."""
     deadline = time.monotonic() + limit
-    while not side.wait(value, timeout=0.05):
+    while not side.block_until(value, timeout=0.05):
         if stop.is_set():
             raise _Stop(f"stopped while waiting for {what} >= {value}")
         if time.monotonic() > deadline:

@@ -91,8 +91,8 @@ def test_the_workload_kernels_are_loaded_before_the_first_wait_once() -> None:
     b = _Bindings(library_fails=False)
     drv = _driver(b)
     CudaWorkloads(drv)
-    drv.wait_semaphores([SemOp(1, value=1)], 0x5)
-    drv.wait_semaphores([SemOp(1, value=2)], 0x5)
+    drv.enqueue_semaphore_waits([SemOp(1, value=1)], 0x5)
+    drv.enqueue_semaphore_waits([SemOp(1, value=2)], 0x5)
     assert b.calls == ["library_load_data", "func_load", "func_load", "func_load", "wait", "wait"]
 
 
@@ -100,8 +100,8 @@ def test_a_kernel_that_cannot_load_does_not_fail_the_users_wait() -> None:
     b = _Bindings(library_fails=True)
     drv = _driver(b)
     CudaWorkloads(drv)
-    drv.wait_semaphores([SemOp(1, value=1)], 0x5)
-    drv.wait_semaphores([SemOp(1, value=2)], 0x5)
+    drv.enqueue_semaphore_waits([SemOp(1, value=1)], 0x5)
+    drv.enqueue_semaphore_waits([SemOp(1, value=2)], 0x5)
     # Tried once, then the waits went ahead; the kernels' own launch reports the failure.
     assert b.calls == ["library_load_data", "wait", "wait"]
 
@@ -109,10 +109,10 @@ def test_a_kernel_that_cannot_load_does_not_fail_the_users_wait() -> None:
 def test_workloads_made_after_a_wait_load_their_kernels_at_once() -> None:
     b = _Bindings(library_fails=False)
     drv = _driver(b)
-    drv.wait_semaphores([SemOp(1, value=1)], 0x5)
+    drv.enqueue_semaphore_waits([SemOp(1, value=1)], 0x5)
     assert b.calls == ["wait"]  # no workloads yet: nothing to load
     CudaWorkloads(drv)
     assert b.calls == ["wait", "library_load_data", "func_load", "func_load", "func_load"]
-    drv.wait_semaphores([SemOp(1, value=2)], 0x5)
+    drv.enqueue_semaphore_waits([SemOp(1, value=2)], 0x5)
     assert b.calls[-1] == "wait"
     assert b.calls.count("library_load_data") == 1

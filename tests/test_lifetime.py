@@ -90,7 +90,7 @@ async def test_aclose_is_a_checkpoint(sim: SimDriver, work: acs.Stream, make: Ma
 
 
 def _signal(sim: SimDriver, sem: int, work: acs.Stream) -> None:
-    sim.signal_semaphores([SemOp(sem, value=1)], work.handle)
+    sim.enqueue_semaphore_signals([SemOp(sem, value=1)], work.handle)
 
 
 @pytest.mark.parametrize(

@@ -228,13 +228,13 @@ async def test_batch_wait_is_one_driver_call(
     b, pb = import_sim_semaphore(sim)
     c, pc = import_sim_semaphore(sim, timeline=False)
     calls: list[int] = []
-    real = sim.wait_semaphores
+    real = sim.enqueue_semaphore_waits
 
     def spy(ops, stream):  # type: ignore[no-untyped-def]
         calls.append(len(ops))
         return real(ops, stream)
 
-    monkeypatch.setattr(sim, "wait_semaphores", spy)
+    monkeypatch.setattr(sim, "enqueue_semaphore_waits", spy)
     async with acs.open_stream(driver=sim) as s:
         s.enqueue_wait(acs.Wait(a, 1), acs.Wait(b, 2), acs.Wait(c))
         assert calls == [3]

@@ -362,7 +362,7 @@ def test_event_synchronize_raises_when_another_stream_faults_the_device(sim: Sim
     drv = sim.drv
     s, other = sim.stream(), sim.stream()
     sem, _ = sim.semaphore()
-    drv.wait_semaphores([SemOp(sem, value=1)], s)  # never signalled
+    drv.enqueue_semaphore_waits([SemOp(sem, value=1)], s)  # never signalled
     ev = drv.event_create(0, blocking=True)
     drv.event_record(ev, s)
     t, out = _synchronize_in_thread(drv, ev)
@@ -463,7 +463,7 @@ def test_timeline_gpu_wait_completes_at_or_above_value(sim: Sim) -> None:
     drv, s = sim.drv, sim.stream()
     sem, producer = sim.semaphore(timeline=True)
     assert producer.is_timeline
-    drv.wait_semaphores([SemOp(sem, value=5)], s)
+    drv.enqueue_semaphore_waits([SemOp(sem, value=5)], s)
     reached = sim.marker(s)
     assert not reached.wait(SHORT)
     producer.signal(4)
@@ -479,8 +479,8 @@ def test_timeline_gpu_wait_for_value_already_reached(sim: Sim) -> None:
     drv, s = sim.drv, sim.stream()
     sem, producer = sim.semaphore(timeline=True, initial=10)
     assert producer.value == 10
-    drv.wait_semaphores([SemOp(sem, value=10)], s)
-    drv.wait_semaphores([SemOp(sem, value=3)], s)
+    drv.enqueue_semaphore_waits([SemOp(sem, value=10)], s)
+    drv.enqueue_semaphore_waits([SemOp(sem, value=3)], s)
     sync(drv, s)
 
 
@@ -488,24 +488,24 @@ def test_timeline_gpu_signal_sets_the_value(sim: Sim) -> None:
     drv, s = sim.drv, sim.stream()
     sem, producer = sim.semaphore(timeline=True)
     gate = sim.gate(s)
-    drv.signal_semaphores([SemOp(sem, value=9)], s)
+    drv.enqueue_semaphore_signals([SemOp(sem, value=9)], s)
     assert producer.value == 0
-    assert producer.wait(9, timeout=SHORT) is False  # not signalled yet
+    assert producer.block_until(9, timeout=SHORT) is False  # not signalled yet
     gate.set()
-    assert producer.wait(9, timeout=TIMEOUT) is True
+    assert producer.block_until(9, timeout=TIMEOUT) is True
     assert producer.value == 9
-    assert producer.wait(5, timeout=0) is True  # already above
-    assert producer.wait(10, timeout=SHORT) is False
+    assert producer.block_until(5, timeout=0) is True  # already above
+    assert producer.block_until(10, timeout=SHORT) is False
 
 
 def test_timeline_gpu_signal_then_gpu_wait_on_another_stream(sim: Sim) -> None:
     drv = sim.drv
     producer_stream, consumer_stream = sim.stream(), sim.stream()
     sem, producer = sim.semaphore(timeline=True)
-    drv.wait_semaphores([SemOp(sem, value=1)], consumer_stream)
+    drv.enqueue_semaphore_waits([SemOp(sem, value=1)], consumer_stream)
     reached = sim.marker(consumer_stream)
     gate = sim.gate(producer_stream)
-    drv.signal_semaphores([SemOp(sem, value=1)], producer_stream)
+    drv.enqueue_semaphore_signals([SemOp(sem, value=1)], producer_stream)
     assert not reached.wait(SHORT)
     gate.set()
     assert reached.wait(TIMEOUT)
@@ -524,7 +524,7 @@ def test_producer_argument_checks(sim: Sim) -> None:
     with pytest.raises(ValueError, match="timeline value"):
         timeline.signal(1 << 64)
     with pytest.raises(ValueError, match="needs a value"):
-        timeline.wait(None, timeout=0)
+        timeline.block_until(None, timeout=0)
     with pytest.raises(ValueError, match="without a value"):
         binary.signal(1)
     with pytest.raises(ValueError, match="binary semaphore starts at 0"):
@@ -540,9 +540,9 @@ def test_binary_one_wait_per_signal(sim: Sim) -> None:
     drv, s = sim.drv, sim.stream()
     sem, producer = sim.semaphore(timeline=False)
     assert not producer.is_timeline
-    drv.wait_semaphores([SemOp(sem)], s)
+    drv.enqueue_semaphore_waits([SemOp(sem)], s)
     first = sim.marker(s)
-    drv.wait_semaphores([SemOp(sem)], s)
+    drv.enqueue_semaphore_waits([SemOp(sem)], s)
     second = sim.marker(s)
     assert not first.wait(SHORT)
     producer.signal()
@@ -562,9 +562,9 @@ def test_binary_signals_do_not_accumulate(sim: Sim) -> None:
     producer.signal()
     producer.signal()
     assert producer.value == 1
-    drv.wait_semaphores([SemOp(sem)], s)
+    drv.enqueue_semaphore_waits([SemOp(sem)], s)
     first = sim.marker(s)
-    drv.wait_semaphores([SemOp(sem)], s)
+    drv.enqueue_semaphore_waits([SemOp(sem)], s)
     second = sim.marker(s)
     assert first.wait(TIMEOUT)
     assert not second.wait(SHORT)
@@ -575,11 +575,11 @@ def test_binary_signals_do_not_accumulate(sim: Sim) -> None:
 def test_binary_gpu_signal_host_wait_consumes(sim: Sim) -> None:
     drv, s = sim.drv, sim.stream()
     sem, producer = sim.semaphore(timeline=False)
-    assert producer.wait(timeout=SHORT) is False
-    drv.signal_semaphores([SemOp(sem)], s)
-    assert producer.wait(timeout=TIMEOUT) is True
+    assert producer.block_until(timeout=SHORT) is False
+    drv.enqueue_semaphore_signals([SemOp(sem)], s)
+    assert producer.block_until(timeout=TIMEOUT) is True
     assert producer.value == 0
-    assert producer.wait(timeout=SHORT) is False  # consumed by the first host wait
+    assert producer.block_until(timeout=SHORT) is False  # consumed by the first host wait
 
 
 def test_binary_one_signal_releases_one_of_two_gpu_waiters(sim: Sim) -> None:
@@ -627,7 +627,7 @@ def test_binary_one_signal_releases_one_of_two_gpu_waiters(sim: Sim) -> None:
     try:
         streams = [sim.stream(), sim.stream()]
         for s in streams:
-            drv.wait_semaphores([SemOp(sem)], s)
+            drv.enqueue_semaphore_waits([SemOp(sem)], s)
             drv.launch(s, released.release)
         producer.signal()  # one signal
         held.wait(1.0)  # bounded: a restructured simulator may never reach the hook
@@ -652,7 +652,7 @@ def test_batch_wait_waits_for_all(sim: Sim) -> None:
     a, pa = sim.semaphore(timeline=True)
     b, pb = sim.semaphore(timeline=True)
     c, pc = sim.semaphore(timeline=False)
-    drv.wait_semaphores([SemOp(a, value=2), SemOp(b, value=3), SemOp(c)], s)
+    drv.enqueue_semaphore_waits([SemOp(a, value=2), SemOp(b, value=3), SemOp(c)], s)
     reached = sim.marker(s)
     pc.signal()  # out of order: the batch waits for every entry
     assert not reached.wait(SHORT)
@@ -669,7 +669,7 @@ def test_batch_signal_signals_all(sim: Sim) -> None:
     drv, s = sim.drv, sim.stream()
     a, pa = sim.semaphore(timeline=True)
     b, pb = sim.semaphore(timeline=False)
-    drv.signal_semaphores([SemOp(a, value=4), SemOp(b)], s)
+    drv.enqueue_semaphore_signals([SemOp(a, value=4), SemOp(b)], s)
     sync(drv, s)
     assert pa.value == 4
     assert pb.value == 1
@@ -752,7 +752,7 @@ def test_semaphore_used_on_another_devices_stream_raises(sim: Sim) -> None:
     drv = sim.drv
     sem, _ = sim.semaphore(device=0)
     s1 = sim.stream(1)
-    for call in (drv.wait_semaphores, drv.signal_semaphores):
+    for call in (drv.enqueue_semaphore_waits, drv.enqueue_semaphore_signals):
         with pytest.raises(CudaError) as info:
             call([SemOp(sem, value=1)], s1)
         assert info.value.status == 400
@@ -798,8 +798,8 @@ def test_injected_fault_is_sticky_and_drops_pending_work(sim: Sim) -> None:
         lambda: drv.event_create(0),
         lambda: drv.event_record(ev, s),
         lambda: drv.event_query(ev),
-        lambda: drv.wait_semaphores([SemOp(sem, value=1)], s),
-        lambda: drv.signal_semaphores([SemOp(sem, value=1)], s),
+        lambda: drv.enqueue_semaphore_waits([SemOp(sem, value=1)], s),
+        lambda: drv.enqueue_semaphore_signals([SemOp(sem, value=1)], s),
         lambda: drv.import_semaphore(0, SemaphoreDesc(TIMELINE_FD, fd=-1)),
     ]
     for call in calls:
@@ -830,7 +830,7 @@ def test_fault_wakes_blocked_waits_and_synchronize(sim: Sim) -> None:
     drv = sim.drv
     s, waiting = sim.stream(), sim.stream()
     sem, _ = sim.semaphore()
-    drv.wait_semaphores([SemOp(sem, value=1)], waiting)  # never signalled
+    drv.enqueue_semaphore_waits([SemOp(sem, value=1)], waiting)  # never signalled
     gate = sim.gate(s)
     errors: list[BaseException] = []
 
@@ -902,11 +902,11 @@ def test_stuck_producer_ignores_signals(sim: Sim) -> None:
     producer.set_stuck()
     producer.signal(5)
     assert producer.value == 0
-    drv.signal_semaphores([SemOp(sem, value=6)], s)
+    drv.enqueue_semaphore_signals([SemOp(sem, value=6)], s)
     sync(drv, s)
     assert producer.value == 0  # GPU signals are ignored too
-    assert producer.wait(5, timeout=SHORT) is False
-    drv.wait_semaphores([SemOp(sem, value=1)], s)
+    assert producer.block_until(5, timeout=SHORT) is False
+    drv.enqueue_semaphore_waits([SemOp(sem, value=1)], s)
     reached = sim.marker(s)
     assert not reached.wait(SHORT)
     producer.set_stuck(False)
@@ -920,7 +920,7 @@ def test_stuck_binary_producer_ignores_signals(sim: Sim) -> None:
     producer.set_stuck()
     producer.signal()
     assert producer.value == 0
-    assert producer.wait(timeout=SHORT) is False
+    assert producer.block_until(timeout=SHORT) is False
 
 
 # ------------------------------------------------------------------------------ handles
@@ -949,8 +949,8 @@ def test_invalid_handles_raise_invalid_handle(sim: Sim) -> None:
         lambda: drv.event_record(ev, bogus),
         lambda: drv.event_elapsed_ms(bogus, ev),
         lambda: drv.destroy_semaphore(bogus),
-        lambda: drv.wait_semaphores([SemOp(bogus)], s),
-        lambda: drv.signal_semaphores([SemOp(bogus)], s),
+        lambda: drv.enqueue_semaphore_waits([SemOp(bogus)], s),
+        lambda: drv.enqueue_semaphore_signals([SemOp(bogus)], s),
     ]
     for call in calls:
         with pytest.raises(CudaError) as info:

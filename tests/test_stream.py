@@ -90,7 +90,7 @@ async def test_wait_event_orders_two_streams(sim: SimDriver) -> None:
         gate = hold(a)
         sim.launch(a.handle, lambda: order.append("a"))
         ev = a.record()
-        b.wait_event(ev)
+        b.enqueue_event_wait(ev)
         sim.launch(b.handle, lambda: order.append("b"))
         gate.set()
         with anyio.fail_after(5):
@@ -98,7 +98,7 @@ async def test_wait_event_orders_two_streams(sim: SimDriver) -> None:
         assert order == ["a", "b"]
         ev.close()
         with pytest.raises(TypeError, match="Event"):
-            b.wait_event(object())  # type: ignore[arg-type]
+            b.enqueue_event_wait(object())  # type: ignore[arg-type]
 
 
 async def test_stream_protocol_and_properties(sim: SimDriver) -> None:

@@ -226,15 +226,15 @@ def test_timeline_host_signal_and_wait(device: VulkanDevice) -> None:
     sem = device.create_timeline_semaphore(5)
     assert sem.is_timeline
     assert sem.value == 5
-    assert sem.wait(5, timeout=0)
-    assert not sem.wait(6, timeout=0)
+    assert sem.block_until(5, timeout=0)
+    assert not sem.block_until(6, timeout=0)
     started = time.monotonic()
-    assert not sem.wait(6, timeout=0.05)
+    assert not sem.block_until(6, timeout=0.05)
     assert time.monotonic() - started >= 0.04
     sem.signal(9)
     assert sem.value == 9
-    assert sem.wait(7)
-    assert sem.wait(9, timeout=1)
+    assert sem.block_until(7)
+    assert sem.block_until(9, timeout=1)
     top = min(2**64 - 1, 9 + device._state.max_value_difference)
     sem.signal(top)
     assert sem.value == top
@@ -243,7 +243,7 @@ def test_timeline_host_signal_and_wait(device: VulkanDevice) -> None:
 def test_host_wait_wakes_on_signal_from_another_thread(device: VulkanDevice) -> None:
     sem = device.create_timeline_semaphore()
     results: list[bool] = []
-    waiter = threading.Thread(target=lambda: results.append(sem.wait(3, timeout=10)))
+    waiter = threading.Thread(target=lambda: results.append(sem.block_until(3, timeout=10)))
     waiter.start()
     time.sleep(0.05)
     sem.signal(3)  # must not be blocked by the waiting thread
@@ -254,20 +254,20 @@ def test_host_wait_wakes_on_signal_from_another_thread(device: VulkanDevice) -> 
 def test_submit_signal_then_wait(device: VulkanDevice) -> None:
     sem = device.create_timeline_semaphore()
     sem.submit_signal(4)
-    assert sem.wait(4, timeout=10)
+    assert sem.block_until(4, timeout=10)
     assert sem.value == 4
-    device.wait_idle()
+    device.block_until_idle()
 
 
 def test_submit_wait_gated_on_host_signal(device: VulkanDevice) -> None:
     gate = device.create_timeline_semaphore()
     done = device.create_timeline_semaphore()
     gate.submit_wait(2, then_signal=done, then_signal_value=7)
-    assert not done.wait(7, timeout=0.05)
+    assert not done.block_until(7, timeout=0.05)
     gate.signal(1)
-    assert not done.wait(7, timeout=0.05)
+    assert not done.block_until(7, timeout=0.05)
     gate.signal(2)
-    assert done.wait(7, timeout=10)
+    assert done.block_until(7, timeout=10)
     assert done.value == 7
 
 
@@ -279,8 +279,8 @@ def test_binary_pairs(device: VulkanDevice) -> None:
     first.submit_signal()
     first.submit_wait(then_signal=second)
     second.submit_wait(then_signal=done, then_signal_value=1)
-    assert done.wait(1, timeout=10)
-    device.wait_idle()
+    assert done.block_until(1, timeout=10)
+    device.block_until_idle()
 
 
 def test_binary_misuse(device: VulkanDevice) -> None:
@@ -290,7 +290,7 @@ def test_binary_misuse(device: VulkanDevice) -> None:
     with pytest.raises(TypeError, match="timeline"):
         _ = sem.value
     with pytest.raises(TypeError, match="submit_wait"):
-        sem.wait(1)
+        sem.block_until(1)
     with pytest.raises(TypeError, match="without one"):
         sem.submit_signal(1)
     with pytest.raises(TypeError, match="without one"):
@@ -308,7 +308,7 @@ def test_timeline_misuse(device: VulkanDevice) -> None:
     with pytest.raises(ValueError, match="2\\*\\*64"):
         sem.signal(-1)
     with pytest.raises(ValueError, match="2\\*\\*64"):
-        sem.wait(2**64)
+        sem.block_until(2**64)
     with pytest.raises(ValueError, match="greater than the current value 10"):
         sem.signal(10)
     with pytest.raises(ValueError, match="greater than the semaphore's current value"):
@@ -318,9 +318,9 @@ def test_timeline_misuse(device: VulkanDevice) -> None:
     with pytest.raises(TypeError, match="needs a value"):
         sem.submit_wait()
     with pytest.raises(TypeError, match="timeout"):
-        sem.wait(1, timeout="1")  # type: ignore[arg-type]
+        sem.block_until(1, timeout="1")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="timeout"):
-        sem.wait(1, timeout=-1)
+        sem.block_until(1, timeout=-1)
     with pytest.raises(TypeError, match="only meaningful together with then_signal"):
         sem.submit_wait(1, then_signal_value=1)
     with pytest.raises(TypeError, match="must be a VulkanSemaphore"):
@@ -348,7 +348,7 @@ def test_values_against_pending_queue_signals(device: VulkanDevice) -> None:
         gate.submit_wait(1, then_signal=sem, then_signal_value=4)
     sem.signal(4)  # below the pending signal: allowed
     gate.signal(1)
-    assert sem.wait(5, timeout=10)
+    assert sem.block_until(5, timeout=10)
     sem.signal(6)  # the pending signal has executed
     assert sem.value == 6
 
@@ -383,7 +383,7 @@ def test_use_after_close(device: VulkanDevice) -> None:
     for use in (
         lambda: sem.value,
         lambda: sem.signal(1),
-        lambda: sem.wait(0),
+        lambda: sem.block_until(0),
         lambda: sem.submit_signal(1),
         lambda: sem.submit_wait(1),
         lambda: sem.export_fd(),
@@ -408,7 +408,7 @@ def test_device_close_closes_everything() -> None:
     with pytest.raises(anyio.ClosedResourceError):
         device.create_binary_semaphore()
     with pytest.raises(anyio.ClosedResourceError):
-        device.wait_idle()
+        device.block_until_idle()
     with pytest.raises(anyio.ClosedResourceError):
         sem.signal(1)
     sem.close()
@@ -418,7 +418,7 @@ def test_close_during_host_wait_is_deferred(device: VulkanDevice) -> None:
     sem = device.create_timeline_semaphore()
     state = sem._state
     results: list[bool] = []
-    waiter = threading.Thread(target=lambda: results.append(sem.wait(1, timeout=0.3)))
+    waiter = threading.Thread(target=lambda: results.append(sem.block_until(1, timeout=0.3)))
     waiter.start()
     time.sleep(0.05)
     sem.close()
@@ -432,7 +432,7 @@ def test_device_close_during_host_wait_is_deferred() -> None:
     device = _open_any()
     sem = device.create_timeline_semaphore()
     state = device._state
-    waiter = threading.Thread(target=lambda: sem.wait(1, timeout=0.3))
+    waiter = threading.Thread(target=lambda: sem.block_until(1, timeout=0.3))
     waiter.start()
     time.sleep(0.05)
     device.close()
@@ -449,7 +449,7 @@ def test_semaphore_in_pending_batch_outlives_close(device: VulkanDevice) -> None
     target.close()
     assert not target._state.destroyed  # the queued batch still signals it
     gate.signal(1)
-    device.wait_idle()
+    device.block_until_idle()
     device.create_binary_semaphore()  # any later call reclaims it
     assert target._state.destroyed
 

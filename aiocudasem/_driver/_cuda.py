@@ -316,7 +316,7 @@ class CudaDriver:
     def destroy_semaphore(self, sem: int) -> None:
         self._call("cuDestroyExternalSemaphore", self._d.destroy_external_semaphore, sem)
 
-    def wait_semaphores(self, ops: Sequence[SemOp], stream: int) -> None:
+    def enqueue_semaphore_waits(self, ops: Sequence[SemOp], stream: int) -> None:
         if len(self._waited) < self._count:
             self._first_wait(stream)
         params = np.zeros(len(ops), dtype=self._wait_dtype)
@@ -335,7 +335,7 @@ class CudaDriver:
             stream,
         )
 
-    def signal_semaphores(self, ops: Sequence[SemOp], stream: int) -> None:
+    def enqueue_semaphore_signals(self, ops: Sequence[SemOp], stream: int) -> None:
         params = np.zeros(len(ops), dtype=self._signal_dtype)
         p = params["params"]
         p["fence"]["value"] = [op.value for op in ops]

@@ -157,7 +157,7 @@ class SimProducer:
                 sem.value = 1 if sem.binary else value  # type: ignore[assignment]
             self._driver._deps.notify_all()
 
-    def wait(self, value: int | None = None, timeout: float | None = None) -> bool:
+    def block_until(self, value: int | None = None, timeout: float | None = None) -> bool:
         """Block until a timeline reaches ``value`` (or a binary one is signalled, consuming
         the signal). Returns False after ``timeout`` seconds."""
         sem = self._sem
@@ -509,7 +509,7 @@ class SimDriver:
             resolved.append((sem, op))
         return s, resolved
 
-    def wait_semaphores(self, ops: Sequence[SemOp], stream: int) -> None:
+    def enqueue_semaphore_waits(self, ops: Sequence[SemOp], stream: int) -> None:
         with self._lock:
             s, resolved = self._sem_ops(ops, stream, "cuWaitExternalSemaphoresAsync")
 
@@ -530,7 +530,7 @@ class SimDriver:
 
             self._push(s, wait_all)
 
-    def signal_semaphores(self, ops: Sequence[SemOp], stream: int) -> None:
+    def enqueue_semaphore_signals(self, ops: Sequence[SemOp], stream: int) -> None:
         with self._lock:
             s, resolved = self._sem_ops(ops, stream, "cuSignalExternalSemaphoresAsync")
 

@@ -10,9 +10,10 @@ Python package is needed. The loader is loaded by :meth:`VulkanDevice.open`, nev
 so importing this package works on machines without Vulkan.
 
 Thread safety: every method may be called from any thread. Host waits
-(:meth:`VulkanSemaphore.wait`, :meth:`VulkanDevice.wait_idle`) run without holding the device's
-lock, so another thread can signal while one waits; closing an object that another thread is
-waiting on defers the destruction of its Vulkan handle until that wait returns.
+(:meth:`VulkanSemaphore.block_until`, :meth:`VulkanDevice.block_until_idle`) run without
+holding the device's lock, so another thread can signal while one waits; closing an object
+that another thread is waiting on defers the destruction of its Vulkan handle until that wait
+returns.
 
 Inside, each layer imports only those before it: ``_abi`` (the ctypes mirror of
 ``vulkan_core.h``), ``_loader``, ``_select``, ``_state``, and ``_api``.

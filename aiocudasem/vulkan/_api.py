@@ -104,7 +104,7 @@ class VulkanDevice:
         :meth:`create_timeline_semaphore`."""
         return self._create(timeline=False, initial=0)
 
-    def wait_idle(self) -> None:
+    def block_until_idle(self) -> None:
         """Block until every batch submitted through this device's semaphores has executed.
 
         Equivalent to ``vkQueueWaitIdle`` on the device's queue, but implemented as a host wait
@@ -267,7 +267,7 @@ class VulkanSemaphore:
             info = _new(VkSemaphoreSignalInfo, semaphore=state.handle, value=target)
             device.call("vkSignalSemaphore", ctypes.byref(info))
 
-    def wait(self, value: int, timeout: float | None = None) -> bool:
+    def block_until(self, value: int, timeout: float | None = None) -> bool:
         """Block the calling thread until the timeline counter is >= ``value``
         (``vkWaitSemaphores``). Returns True when reached, False when ``timeout`` seconds passed
         first; ``timeout=None`` waits forever, 0 polls.

@@ -71,7 +71,7 @@ async def test_timeline_host_signal_gpu_wait_kernel_signal_vulkan_observes(
         vready.signal(1)
         with anyio.fail_after(10):
             await s.wait_complete()
-        assert vdone.wait(2, timeout=5)
+        assert vdone.block_until(2, timeout=5)
         assert vdone.value == 2
     await ready.aclose()
     await done.aclose()
@@ -95,10 +95,10 @@ async def test_binary_queue_signal_gpu_wait_signal_vulkan_queue_waits(
         vout.submit_wait(then_signal=vseen, then_signal_value=1)  # Vulkan's queue waits on CUDA
         with anyio.fail_after(10):
             await s.wait_complete()
-        assert vseen.wait(1, timeout=5)
+        assert vseen.block_until(1, timeout=5)
     await sin.aclose()
     await sout.aclose()
-    vk.wait_idle()
+    vk.block_until_idle()
     for v in (vin, vout, vseen):
         v.close()
 
@@ -118,7 +118,7 @@ async def test_batch_wait_over_three_semaphores(cuda: acs.Driver, vk: VulkanDevi
             await s.wait_complete()
     for sem in (a, b, c):
         await sem.aclose()
-    vk.wait_idle()
+    vk.block_until_idle()
     for v in (va, vb, vc):
         v.close()
 
@@ -155,7 +155,7 @@ async def test_host_side_awaits(cuda: acs.Driver, vk: VulkanDevice) -> None:
         await t.wait_value(20)
     await t.aclose()
     await b.aclose()
-    vk.wait_idle()
+    vk.block_until_idle()
     vt.close()
     vb.close()
 

@@ -187,7 +187,7 @@ def _child(case: str, backend: str) -> None:
             _say("ITERATIONS", n, "OK")
             workloads(drv).free_pinned(out_ptr)  # only now: cuMemFreeHost may wait for the device
             workloads(drv).free_pinned(src_ptr)
-            vk.wait_idle()
+            vk.block_until_idle()
             vready.close()
             vdone.close()
 

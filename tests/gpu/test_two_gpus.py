@@ -130,7 +130,7 @@ async def test_an_event_of_device_0_waited_on_by_a_device_1_stream(two: acs.Driv
     async with acs.open_stream(0, driver=two) as s0, acs.open_stream(1, driver=two) as s1:
         workloads(two).launch_spin(s0.handle, 300 * MS)
         ev = s0.record()
-        s1.wait_event(ev)  # across devices: allowed
+        s1.enqueue_event_wait(ev)  # across devices: allowed
         workloads(two).launch_spin(s1.handle, MS)
         after = s1.record()
         await anyio.sleep(0.1)

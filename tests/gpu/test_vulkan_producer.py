@@ -57,19 +57,19 @@ def test_timeline_signal_value_wait(device: VulkanDevice) -> None:
     assert sem.value == 3
     sem.signal(10)
     assert sem.value == 10
-    assert sem.wait(10)
-    assert sem.wait(4, timeout=0)
+    assert sem.block_until(10)
+    assert sem.block_until(4, timeout=0)
     started = time.monotonic()
-    assert sem.wait(11, timeout=0.05) is False
+    assert sem.block_until(11, timeout=0.05) is False
     assert time.monotonic() - started >= 0.04
-    assert sem.wait(11, timeout=0) is False
+    assert sem.block_until(11, timeout=0) is False
 
 
 @pytest.mark.gpu
 def test_host_wait_wakes_on_signal_from_another_thread(device: VulkanDevice) -> None:
     sem = device.create_timeline_semaphore()
     results: list[bool] = []
-    waiter = threading.Thread(target=lambda: results.append(sem.wait(2, timeout=10)))
+    waiter = threading.Thread(target=lambda: results.append(sem.block_until(2, timeout=10)))
     waiter.start()
     time.sleep(0.05)
     sem.signal(2)
@@ -81,9 +81,9 @@ def test_host_wait_wakes_on_signal_from_another_thread(device: VulkanDevice) -> 
 def test_submit_signal_then_wait(device: VulkanDevice) -> None:
     sem = device.create_timeline_semaphore()
     sem.submit_signal(5)
-    assert sem.wait(5, timeout=10)
+    assert sem.block_until(5, timeout=10)
     assert sem.value == 5
-    device.wait_idle()
+    device.block_until_idle()
 
 
 @pytest.mark.gpu
@@ -91,8 +91,8 @@ def test_many_queue_signals(device: VulkanDevice) -> None:
     sem = device.create_timeline_semaphore()
     for value in range(1, 501):
         sem.submit_signal(value)
-    assert sem.wait(500, timeout=30)
-    device.wait_idle()
+    assert sem.block_until(500, timeout=30)
+    device.block_until_idle()
     assert sem.value == 500
 
 
@@ -101,13 +101,13 @@ def test_submit_wait_gated_on_host_signal(device: VulkanDevice) -> None:
     gate = device.create_timeline_semaphore()
     done = device.create_timeline_semaphore()
     gate.submit_wait(2, then_signal=done, then_signal_value=9)
-    assert done.wait(9, timeout=0.1) is False
+    assert done.block_until(9, timeout=0.1) is False
     gate.signal(1)
-    assert done.wait(9, timeout=0.1) is False
+    assert done.block_until(9, timeout=0.1) is False
     gate.signal(2)
-    assert done.wait(9, timeout=10)
+    assert done.block_until(9, timeout=10)
     assert done.value == 9
-    device.wait_idle()
+    device.block_until_idle()
 
 
 @pytest.mark.gpu
@@ -117,8 +117,8 @@ def test_binary_round_trip_on_the_queue(device: VulkanDevice) -> None:
     assert not binary.is_timeline
     binary.submit_signal()
     binary.submit_wait(then_signal=done, then_signal_value=1)
-    assert done.wait(1, timeout=10)
-    device.wait_idle()
+    assert done.block_until(1, timeout=10)
+    device.block_until_idle()
 
 
 @pytest.mark.gpu
@@ -180,7 +180,7 @@ def test_misuse(device: VulkanDevice) -> None:
     with pytest.raises(TypeError):
         _ = binary.value
     with pytest.raises(TypeError, match="submit_wait"):
-        binary.wait(1)
+        binary.block_until(1)
     with pytest.raises(TypeError, match="without one"):
         binary.submit_signal(1)
     with pytest.raises(TypeError, match="needs a value"):
@@ -192,7 +192,7 @@ def test_misuse(device: VulkanDevice) -> None:
     with pytest.raises(ValueError, match="greater than the current value 4"):
         timeline.signal(4)
     with pytest.raises(ValueError, match="timeout"):
-        timeline.wait(5, timeout=-1)
+        timeline.block_until(5, timeout=-1)
     with pytest.raises(TypeError, match="give then_signal_value"):
         binary.submit_wait(then_signal=timeline)
     with pytest.raises(TypeError):
