@@ -26,24 +26,24 @@ uvloop and trio all run at shutdown), not by the garbage collector.
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import threading
 import time
 import weakref
 from collections import OrderedDict
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
 
 import anyio
 import anyio.lowlevel
 
-from . import _notify, _release
-from ._errors import AiocudasemError
+from .. import _notify, _release
+from .._errors import AiocudasemError
+from . import _tuning
+from ._tuning import Tuning, configure
 
 if TYPE_CHECKING:
-    from ._driver import Driver
+    from .._driver import Driver
 
 __all__ = (
     "Point",
@@ -55,69 +55,7 @@ __all__ = (
     "side_streams",
 )
 
-
-@dataclass(frozen=True, slots=True)
-class Tuning:
-    """Knobs of the wait strategy. Change them with :func:`aiocudasem.configure`."""
-
-    #: Longest a coroutine spins (queries between checkpoints) before parking, in seconds.
-    #: Streams whose recent waits took longer than this never spin. 0 disables spinning.
-    spin_limit: float = 250e-6
-    #: At most this many coroutines per event loop spin at once; the rest park at once.
-    max_spinners: int = 8
-    #: The fault watchdog's pace on a busy device, in seconds. Its thread sleeps in the driver
-    #: behind parked work (a fault wakes it at once; a parked device costs nothing); when that
-    #: work completes it moves behind other parked work at most once per period, or asks the
-    #: driver once per period if it finds none. It never wakes an event loop but for a fault.
-    watchdog: float = 0.08
-
-
-_tuning = Tuning()
-
-_SPIN_LIMIT_MAX: Final = 60.0
-_SPINNERS_MAX: Final = 1 << 16
-_WATCHDOG_RANGE: Final = (0.001, 60.0)
 _SLICE: Final = 0.1  # the watchdog thread sleeps at most this long at a time
-
-
-def _seconds(name: str, value: object, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
-    try:
-        seconds = float(value)
-    except OverflowError:  # an int too large for a float
-        seconds = math.inf
-    if not (math.isfinite(seconds) and low <= seconds <= high):
-        raise ValueError(f"{name} must be in [{low:g}, {high:g}] seconds, got {value!r}")
-    return seconds
-
-
-def configure(
-    *,
-    spin_limit: float | None = None,
-    max_spinners: int | None = None,
-    watchdog: float | None = None,
-) -> Tuning:
-    """Change the wait strategy for the whole process and return the new settings.
-
-    Unset arguments keep their value. ``spin_limit`` is in [0, 60] seconds, ``max_spinners`` an
-    int in [0, 65536] and ``watchdog`` in [0.001, 60] seconds. Raises ``TypeError`` for a value
-    of the wrong type (a bool included) and ``ValueError`` for one out of range.
-    """
-    global _tuning
-    new = _tuning
-    if spin_limit is not None:
-        new = replace(new, spin_limit=_seconds("spin_limit", spin_limit, 0.0, _SPIN_LIMIT_MAX))
-    if max_spinners is not None:
-        if isinstance(max_spinners, bool) or not isinstance(max_spinners, int):
-            raise TypeError(f"max_spinners must be an int, not {type(max_spinners).__name__}")
-        if not 0 <= max_spinners <= _SPINNERS_MAX:
-            raise ValueError(f"max_spinners must be in [0, {_SPINNERS_MAX}], got {max_spinners}")
-        new = replace(new, max_spinners=max_spinners)
-    if watchdog is not None:
-        new = replace(new, watchdog=_seconds("watchdog", watchdog, *_WATCHDOG_RANGE))
-    _tuning = new
-    return new
 
 
 class _EventPool:
@@ -468,7 +406,7 @@ class Notifier:
         await anyio.lowlevel.checkpoint()
         if point.done or self._query(point):
             return True
-        tuning = _tuning
+        tuning = _tuning.current
         recent = self._recent.get((id(point.driver), point.stream))
         if recent is None:
             window = tuning.spin_limit
@@ -773,7 +711,7 @@ class _Watchdog:
                 started = time.monotonic()
                 self._look(sentry)
                 # At most one look per period: a busy device costs a few wake-ups a second.
-                _sleep_until(started + _tuning.watchdog)
+                _sleep_until(started + _tuning.current.watchdog)
         finally:
             drv, event = sentry.driver(), sentry.event
             sentry.event = None
@@ -849,12 +787,12 @@ def _sleep_until(deadline: float) -> None:
     # time.sleep: a wake costs about half of a timed Condition.wait's (measured: 78 against
     # 170 us of thread CPU on a small VM). A long wait is slept in slices, so that a smaller
     # configure(watchdog=...) applies within 0.1 s.
-    period = _tuning.watchdog
+    period = _tuning.current.watchdog
     while (left := deadline - time.monotonic()) > 0:
         time.sleep(min(left, _SLICE))
-        if _tuning.watchdog < period:
-            deadline -= period - _tuning.watchdog
-            period = _tuning.watchdog
+        if _tuning.current.watchdog < period:
+            deadline -= period - _tuning.current.watchdog
+            period = _tuning.current.watchdog
 
 
 _watchdog = _Watchdog()
