@@ -30,7 +30,6 @@ import os
 import threading
 import time
 import weakref
-from collections import OrderedDict
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Final
 
@@ -40,6 +39,7 @@ import anyio.lowlevel
 from .. import _notify, _release
 from .._errors import AiocudasemError
 from . import _tuning
+from ._pools import _EventPool, destroy_stream, event_pool, side_streams, take_event
 from ._tuning import Tuning, configure
 
 if TYPE_CHECKING:
@@ -53,121 +53,10 @@ __all__ = (
     "destroy_stream",
     "event_pool",
     "side_streams",
+    "take_event",
 )
 
 _SLICE: Final = 0.1  # the watchdog thread sleeps at most this long at a time
-
-
-class _EventPool:
-    """Reusable timing-free events per driver and device. Re-recording an event is always
-    allowed by CUDA, and cuStreamWaitEvent captures the state at call time, so an event can go
-    back to the pool as soon as no waiter will query it again."""
-
-    _LIMIT: Final = 4096
-
-    def __init__(self) -> None:
-        # Keyed by the driver object, weakly: an id() could be reused by a later driver.
-        self._free: weakref.WeakKeyDictionary[Driver, dict[int, list[int]]] = (
-            weakref.WeakKeyDictionary()
-        )
-
-    def free_list(self, driver: Driver, device: int) -> list[int]:
-        """The free events of ``driver``'s ``device``; callers may keep the list."""
-        return self._free.setdefault(driver, {}).setdefault(device, [])
-
-    def _after_fork(self) -> None:
-        # The parent's handles mean nothing here; lists already handed out keep theirs, and
-        # their driver refuses them.
-        self._free = weakref.WeakKeyDictionary()
-
-
-def take_event(driver: Driver, device: int, free: list[int]) -> int:
-    if free:
-        try:
-            return free.pop()
-        except IndexError:  # another thread took the last one
-            pass
-    return driver.event_create(device)
-
-
-class _SideStreams:
-    """One side stream per work stream, shared by every loop of the process. A side stream
-    carries only event waits and host functions, so a slow host function never delays the
-    work stream, and waits on different work streams never queue behind each other.
-
-    The lock is never taken from a finalizer (finalizers defer to :mod:`._release`), so the
-    garbage collector running inside a locked section cannot deadlock on it."""
-
-    _LIMIT: Final = 1024
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._streams: weakref.WeakKeyDictionary[Driver, OrderedDict[int, int]] = (
-            weakref.WeakKeyDictionary()
-        )
-
-    def get(self, driver: Driver, device: int, work: int) -> int:
-        with self._lock:
-            table = self._streams.get(driver)
-            side = None if table is None else table.get(work)
-            if side is not None:
-                table.move_to_end(work)  # type: ignore[union-attr]
-                return side
-        side = driver.stream_create(device, True, 0)
-        evicted: int | None = None
-        with self._lock:
-            table = self._streams.setdefault(driver, OrderedDict())
-            existing = table.get(work)
-            if existing is not None:  # lost a race with another thread
-                evicted, side = side, existing
-            else:
-                table[work] = side
-                if len(table) > self._LIMIT:
-                    evicted = table.popitem(last=False)[1]
-        if evicted is not None:
-            # Destroying returns at once; queued host functions still run.
-            driver.stream_destroy(evicted)
-        return side
-
-    def drop(self, driver: Driver, work: int) -> None:
-        with self._lock:
-            table = self._streams.get(driver)
-            side = None if table is None else table.pop(work, None)
-        if side is not None:
-            driver.stream_destroy(side)
-
-    def record_behind(self, driver: Driver, work: int, event: int) -> bool:
-        """Record ``event`` on the side stream that serves ``work``, behind the host functions
-        queued there; False if there is none. From any thread: the lock keeps the side stream
-        from being destroyed meanwhile (``drop`` and eviction remove it under the lock first)."""
-        with self._lock:
-            table = self._streams.get(driver)
-            side = None if table is None else table.get(work)
-            if side is None:
-                return False
-            driver.event_record(event, side)
-            return True
-
-    def count(self, driver: Driver) -> int:
-        with self._lock:
-            return len(self._streams.get(driver, ()))
-
-    def _after_fork(self) -> None:
-        self._lock = threading.Lock()
-        self._streams = weakref.WeakKeyDictionary()
-
-
-event_pool = _EventPool()
-side_streams = _SideStreams()
-
-
-def destroy_stream(driver: Driver, handle: int) -> None:
-    """Destroy a work stream and the side stream that serves it (CUDA may hand the same handle
-    to a later stream, which must not inherit a side stream with someone else's work)."""
-    try:
-        side_streams.drop(driver, handle)
-    finally:
-        driver.stream_destroy(handle)
 
 
 class Point:
@@ -820,13 +709,11 @@ def current_notifier() -> Notifier:
 
 def _after_fork_in_child() -> None:
     """CUDA cannot be used in a forked child. The drivers refuse every call (see
-    ``_driver``); here the pools forget the parent's handles, the watchdog thread (which did
-    not survive the fork) is replaced, and loops that were parked in the parent are woken so
-    that their waiters fail with the driver's error instead of hanging."""
+    ``_driver``) and the pools forget the parent's handles (see ``_pools``); here the watchdog
+    thread (which did not survive the fork) is replaced, and loops that were parked in the
+    parent are woken so that their waiters fail with the driver's error instead of hanging."""
     global _watchdog
     _watchdog = _Watchdog()
-    event_pool._after_fork()
-    side_streams._after_fork()
     for n in list(_live_notifiers):
         n._fault_detected()
 
