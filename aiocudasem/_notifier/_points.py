@@ -14,7 +14,7 @@ from ._pools import _EventPool
 if TYPE_CHECKING:
     from .._driver import Driver
     from .._errors import AiocudasemError
-    from . import Notifier
+    from ._loop import Notifier
 
 __all__ = ("Point",)
 

@@ -17,7 +17,7 @@ from ._pools import side_streams
 
 if TYPE_CHECKING:
     from .._driver import Driver
-    from . import Notifier
+    from ._loop import Notifier
     from ._points import Point
 
 __all__ = ("_watchdog",)
