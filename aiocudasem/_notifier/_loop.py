@@ -17,7 +17,7 @@ import anyio.lowlevel
 from .. import _notify, _release
 from .._errors import AiocudasemError
 from . import _tuning
-from ._pools import side_streams
+from ._wake import STRATEGIES as _STRATEGIES
 from ._watchdog import _watchdog
 
 if TYPE_CHECKING:
@@ -235,17 +235,12 @@ class Notifier:
     def _launch(self, point: Point) -> None:
         drv = point.driver
         token = next(self._tokens)
-        try:
-            side = side_streams.get(drv, point.device, point.stream)
-        except AiocudasemError as exc:
-            self._unchain(point)
-            self._finish(point, exc)
-            self._advance((drv, point.stream))
-            return
         user = self._c.arm(token)
         try:
-            drv.stream_wait_event(side, point.event)
-            drv.launch_host_func(side, _notify.HOST_FN, user)
+            # The wake strategy in force (see _wake) enqueues the host function.
+            _STRATEGIES[_tuning.current.wake].launch(
+                drv, point.device, point.stream, point.event, user
+            )
         except AiocudasemError as exc:
             self._c.disarm(user)
             self._unchain(point)
