@@ -28,16 +28,19 @@ from __future__ import annotations
 from ._loop import Notifier, current_notifier
 from ._points import Point
 from ._pools import destroy_stream, event_pool, side_streams, take_event
+from ._statistics import Statistics, statistics
 from ._tuning import Tuning, configure
 
 __all__ = (
     "Notifier",
     "Point",
+    "Statistics",
     "Tuning",
     "configure",
     "current_notifier",
     "destroy_stream",
     "event_pool",
     "side_streams",
+    "statistics",
     "take_event",
 )

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from .._driver import Driver
     from ._points import Point
 
-__all__ = ("Notifier", "current_notifier")
+__all__ = ("Notifier", "current_notifier", "running_notifier")
 
 
 class Notifier:
@@ -423,6 +423,16 @@ async def _lifetime(ref: weakref.ref[Notifier]) -> AsyncGenerator[None, None]:
 _live_notifiers: weakref.WeakSet[Notifier] = weakref.WeakSet()
 
 _NOTIFIER: anyio.lowlevel.RunVar[Notifier] = anyio.lowlevel.RunVar("aiocudasem_notifier")
+
+
+def running_notifier() -> Notifier | None:
+    """The running event loop's notifier if it has an open one, else None (also outside a
+    running loop). Creates nothing."""
+    try:
+        n = _NOTIFIER.get(None)
+    except RuntimeError:  # no event loop is running in this thread
+        return None
+    return None if n is None or n.closed else n
 
 
 def current_notifier() -> Notifier:

@@ -32,6 +32,15 @@ class _EventPool:
         """The free events of ``driver``'s ``device``; callers may keep the list."""
         return self._free.setdefault(driver, {}).setdefault(device, [])
 
+    def total(self) -> int:
+        """How many events are pooled, across drivers and devices."""
+        while True:
+            try:
+                per_driver = list(self._free.values())
+            except RuntimeError:  # another thread added a driver meanwhile: look again
+                continue
+            return sum(len(free) for per_device in per_driver for free in per_device.values())
+
     def _after_fork(self) -> None:
         # The parent's handles mean nothing here; lists already handed out keep theirs, and
         # their driver refuses them.
@@ -108,6 +117,11 @@ class _SideStreams:
     def count(self, driver: Driver) -> int:
         with self._lock:
             return len(self._streams.get(driver, ()))
+
+    def total(self) -> int:
+        """How many side streams exist, across drivers."""
+        with self._lock:
+            return sum(len(table) for table in self._streams.values())
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()

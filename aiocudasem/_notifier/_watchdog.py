@@ -94,6 +94,15 @@ class _Watchdog:
             elif idle:
                 self._wake.notify_all()
 
+    def threads(self) -> int:
+        """How many device threads are running."""
+        with self._lock:
+            return sum(
+                s.thread is not None and s.thread.is_alive()
+                for per_device in self._sentries.values()
+                for s in per_device.values()
+            )
+
     def remove(self, notifier: Notifier, key: tuple[Driver, int]) -> None:
         drv, device = key
         with self._lock:
