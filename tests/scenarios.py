@@ -44,6 +44,7 @@ import numpy as np
 import aiocudasem as acs
 from aiocudasem._driver import SEEN, frame_words
 from aiocudasem._notifier import current_notifier
+from aiocudasem._notifier import statistics as notifier_statistics
 from aiocudasem.testing import SimDriver, import_sim_semaphore
 from tests.conftest import fd_targets, open_fds
 
@@ -661,7 +662,7 @@ async def crowd(
                 problems.append(
                     f"fds changed: {len(leaked)} new {fd_targets(leaked)}, {len(gone)} closed"
                 )
-            parked = current_notifier().stats()["parked"]
+            parked = notifier_statistics().parked
             if parked:
                 problems.append(f"{parked} coroutine(s) still parked on the notifier")
         finally:
@@ -762,7 +763,7 @@ async def storm(
             stop.set()
             thread.join(10)
             _release(side, requested[0] + 8)
-        parked = current_notifier().stats()["parked"]
+        parked = notifier_statistics().parked
     rate = cycles / elapsed
     slow = [x for x in plain if x > plain_limit]
     figures = {

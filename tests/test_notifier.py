@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 import aiocudasem as acs
-from aiocudasem._notifier import current_notifier
+from aiocudasem._notifier import statistics
 from aiocudasem.testing import SimDriver, hold, import_sim_semaphore
 
 pytestmark = pytest.mark.anyio
@@ -24,16 +24,16 @@ async def test_a_crowd_on_one_stream_costs_one_host_function(sim: SimDriver, par
             await s.wait_complete()
             woke += 1
 
-        before = current_notifier().stats()["fired"]
+        before = statistics().fired
         async with anyio.create_task_group() as tg:
             for _ in range(200):
                 tg.start_soon(waiter)
             await anyio.wait_all_tasks_blocked()
-            assert current_notifier().stats()["chained"] == 200
+            assert statistics().chained == 200
             gate.set()
         assert woke == 200
-        assert current_notifier().stats()["fired"] - before == 1
-        assert current_notifier().stats()["chained"] == 0
+        assert statistics().fired - before == 1
+        assert statistics().chained == 0
 
 
 async def test_chained_points_wake_exactly_not_early(sim: SimDriver, parked: None) -> None:
@@ -222,10 +222,10 @@ async def test_work_stream_wake_completes_waits_and_hand_offs(
                     tg.start_soon(waiter)
                 tg.start_soon(ev.wait)
                 await anyio.wait_all_tasks_blocked()
-                assert current_notifier().stats()["parked"] == 4
+                assert statistics().parked == 4
                 gate.set()
         assert woke == 3
-        assert current_notifier().stats()["fired"] >= 1  # woken by host functions, not by a query
+        assert statistics().fired >= 1  # woken by host functions, not by a query
 
         async def consumer() -> None:
             async with s.handoff(acs.Wait(ready, 1), acs.Signal(done, 1)):
@@ -235,7 +235,7 @@ async def test_work_stream_wake_completes_waits_and_hand_offs(
             async with anyio.create_task_group() as tg:
                 tg.start_soon(consumer)
                 await anyio.wait_all_tasks_blocked()
-                assert current_notifier().stats()["parked"] == 1  # __aexit__ waits for the signal
+                assert statistics().parked == 1  # __aexit__ waits for the signal
                 producer.signal(1)
         assert observer.value == 1
         with anyio.fail_after(5):
@@ -269,8 +269,8 @@ async def test_a_refused_launch_fails_the_wait_and_leaves_nothing_armed(
                 m.setattr(sim, refused, refuse)
                 with pytest.raises(acs.CudaError, match="refused"):
                     await s.wait_complete()
-            assert current_notifier().stats()["pending"] == 0
-            assert current_notifier().stats()["armed"] == 0
+            assert statistics().pending == 0
+            assert statistics().armed == 0
             gate.set()
             with anyio.fail_after(5):
                 await s.wait_complete()  # the next wait is served as usual

@@ -13,7 +13,8 @@ import anyio
 import pytest
 
 import aiocudasem as acs
-from aiocudasem._notifier import current_notifier, side_streams
+from aiocudasem._notifier import side_streams
+from aiocudasem._notifier import statistics as notifier_statistics
 from aiocudasem.testing import SimDriver, hold, import_sim_semaphore
 
 pytestmark = pytest.mark.anyio
@@ -26,12 +27,11 @@ async def test_a_parked_loop_is_not_woken_by_a_timer(sim: SimDriver, parked: Non
         async with anyio.create_task_group() as tg:
             tg.start_soon(s.wait_complete)
             await anyio.wait_all_tasks_blocked()
-            n = current_notifier()
-            before = n.stats()
+            before = notifier_statistics()
             await anyio.to_thread.run_sync(time.sleep, 0.3)
-            after = n.stats()
-            assert after["drainer_wakeups"] == before["drainer_wakeups"]
-            assert after["wakeups"] == before["wakeups"]
+            after = notifier_statistics()
+            assert after.drainer_wakeups == before.drainer_wakeups
+            assert after.wakeups == before.wakeups
             # anyio's wait_all_tasks_blocked() re-samples every 100 ms on asyncio while any task
             # is runnable: with a parked wait it must return at once.
             took = []
@@ -124,7 +124,7 @@ async def test_a_plain_wait_is_prompt_right_after_a_cancellation_storm(
         with anyio.fail_after(5):
             await s.wait_complete()
         assert time.perf_counter() - t0 < 0.5
-        assert current_notifier().stats()["parked"] == 0
+        assert notifier_statistics().parked == 0
     await sem.aclose()
 
 

@@ -54,16 +54,6 @@ class Notifier:
         self._ref = weakref.ref(self)
         _live_notifiers.add(self)
 
-    def stats(self) -> dict[str, int]:
-        """Counters for tests and the benchmarks."""
-        out = self._c.stats() if not self.closed else {"pending": 0, "wakeups": 0, "fired": 0}
-        out["armed"] = len(self._armed)
-        out["chained"] = sum(len(c) for c in self._chains.values())
-        out["parked"] = len(self._parked)
-        out["watched"] = len(self._watched)
-        out["drainer_wakeups"] = self._wakeups
-        return out
-
     def fileno(self) -> int:
         return self._fd
 
