@@ -303,3 +303,33 @@ async def test_pools_are_keyed_by_the_driver_object_not_its_id() -> None:
     assert len([d for d in event_pool._free if d is second]) == 1  # ...and second has its own
     async with acs.open_stream(driver=second) as s:
         await s.wait_complete()  # would fail with an invalid handle if it got first's events
+
+
+def test_the_notifier_package_imports_go_one_way() -> None:
+    """At run time each module of the package imports only modules listed before it (imports
+    for type checking only are exempt), and none copies the settings in force: they are read
+    as ``_tuning.current`` when used, so that configure() reaches every module."""
+    import ast
+    from pathlib import Path
+
+    from aiocudasem import _notifier
+
+    order = ["_tuning", "_pools", "_points", "_wake", "_watchdog", "_loop", "_statistics"]
+    root = Path(_notifier.__file__).parent
+    assert {p.stem for p in root.glob("*.py")} == {*order, "__init__"}
+
+    def runtime_imports(body: list[ast.stmt]) -> list[ast.ImportFrom]:
+        found = []
+        for node in body:
+            if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+                continue
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                found.append(node)
+        return found
+
+    for i, name in enumerate(order):
+        for node in runtime_imports(ast.parse((root / f"{name}.py").read_text()).body):
+            used = [node.module] if node.module else [a.name for a in node.names]
+            assert set(used) <= set(order[:i]), f"{name} imports {used}"
+            if node.module == "_tuning":
+                assert "current" not in {a.name for a in node.names}, name
