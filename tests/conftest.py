@@ -76,10 +76,10 @@ def fd_targets(fds: set[int]) -> dict[int, str]:
 
 def watchdog_events(driver: Driver) -> set[int]:
     """The events that the fault watchdog's threads hold on ``driver``'s devices."""
-    from aiocudasem import _notifier
+    from aiocudasem._notifier._watchdog import _watchdog
 
-    with _notifier._watchdog._lock:
-        sentries = list(_notifier._watchdog._sentries.get(driver, {}).values())
+    with _watchdog._lock:
+        sentries = list(_watchdog._sentries.get(driver, {}).values())
     return {s.event for s in sentries if s.event is not None}
 
 

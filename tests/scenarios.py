@@ -43,6 +43,7 @@ import numpy as np
 
 import aiocudasem as acs
 from aiocudasem._notifier import current_notifier
+from aiocudasem._notifier import statistics as notifier_statistics
 from aiocudasem.testing import SEEN, SimDriver, frame_words, import_sim_semaphore, workloads
 from tests.conftest import fd_targets, open_fds
 
@@ -660,7 +661,7 @@ async def crowd(
                 problems.append(
                     f"fds changed: {len(leaked)} new {fd_targets(leaked)}, {len(gone)} closed"
                 )
-            parked = current_notifier().stats()["parked"]
+            parked = notifier_statistics().parked
             if parked:
                 problems.append(f"{parked} coroutine(s) still parked on the notifier")
         finally:
@@ -761,7 +762,7 @@ async def storm(
             stop.set()
             thread.join(10)
             _release(side, requested[0] + 8)
-        parked = current_notifier().stats()["parked"]
+        parked = notifier_statistics().parked
     rate = cycles / elapsed
     slow = [x for x in plain if x > plain_limit]
     figures = {

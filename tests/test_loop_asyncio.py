@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 import aiocudasem as acs
-from aiocudasem._notifier import current_notifier
+from aiocudasem._notifier import current_notifier, statistics
 from aiocudasem.testing import SimDriver, hold, workloads
 from tests.conftest import open_fds
 
@@ -36,7 +36,7 @@ async def test_task_cancel_leaves_notifier_consistent(sim: SimDriver) -> None:
         gate.set()
         results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
         assert [isinstance(r, asyncio.CancelledError) for r in results] == [True, False] * 5
-        assert current_notifier().stats()["parked"] == 0
+        assert statistics().parked == 0
 
 
 def test_one_notifier_per_loop_and_no_fd_left_behind(sim: SimDriver) -> None:

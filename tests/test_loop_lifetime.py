@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 import aiocudasem as acs
-from aiocudasem._notifier import current_notifier, event_pool
+from aiocudasem._notifier import event_pool, statistics
 from aiocudasem.testing import SimDriver, hold, workloads
 from tests.conftest import fd_targets, open_fds, watchdog_events
 
@@ -49,7 +49,7 @@ def test_each_loop_releases_its_fd_when_it_ends(
             threading.Timer(0.002, hold(s).set).start()
             with anyio.fail_after(5):
                 await s.wait_complete()  # parks: the loop's notifier and fd exist
-            assert current_notifier().stats()["fired"] == 1
+            assert statistics().fired == 1
 
     anyio.run(one_loop, backend=backend, backend_options=options)  # warm-up: threads, pools
     before = open_fds()
@@ -74,7 +74,7 @@ def test_a_loop_ending_with_an_armed_cancelled_wait_leaks_neither_fd_nor_event(
         with anyio.move_on_after(0.005) as scope:
             await s.wait_complete()  # parked, its host function armed, then abandoned
         assert scope.cancelled_caught
-        assert current_notifier().stats()["pending"] == 1
+        assert statistics().pending == 1
 
     anyio.run(one_loop, backend=backend, backend_options=options)
     before = open_fds()

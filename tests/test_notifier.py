@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import anyio
 import pytest
 
 import aiocudasem as acs
-from aiocudasem._notifier import current_notifier
-from aiocudasem.testing import SimDriver, hold, workloads
+from aiocudasem._notifier import statistics
+from aiocudasem.testing import SimDriver, hold, import_sim_semaphore, workloads
 
 pytestmark = pytest.mark.anyio
 
@@ -22,16 +24,16 @@ async def test_a_crowd_on_one_stream_costs_one_host_function(sim: SimDriver, par
             await s.wait_complete()
             woke += 1
 
-        before = current_notifier().stats()["fired"]
+        before = statistics().fired
         async with anyio.create_task_group() as tg:
             for _ in range(200):
                 tg.start_soon(waiter)
             await anyio.wait_all_tasks_blocked()
-            assert current_notifier().stats()["chained"] == 200
+            assert statistics().chained == 200
             gate.set()
         assert woke == 200
-        assert current_notifier().stats()["fired"] - before == 1
-        assert current_notifier().stats()["chained"] == 0
+        assert statistics().fired - before == 1
+        assert statistics().chained == 0
 
 
 async def test_chained_points_wake_exactly_not_early(sim: SimDriver, parked: None) -> None:
@@ -156,6 +158,10 @@ async def test_configure_validates() -> None:
         ({"max_spinners": 2.0}, TypeError),
         ({"max_spinners": 10**400}, ValueError),
         ({"spin_limit": "0.1"}, TypeError),
+        ({"wake": 1}, TypeError),
+        ({"wake": b"side_stream"}, TypeError),
+        ({"wake": "side"}, ValueError),
+        ({"wake": "SIDE_STREAM"}, ValueError),
     ],
 )
 def test_configure_rejects_bad_values_and_keeps_the_old_ones(
@@ -165,6 +171,111 @@ def test_configure_rejects_bad_values_and_keeps_the_old_ones(
     with pytest.raises(error):
         acs.configure(**kwargs)  # type: ignore[arg-type]
     assert acs.configure() == before
+
+
+def test_configure_wake_takes_one_of_two_names() -> None:
+    from aiocudasem._notifier import _tuning, _wake
+
+    assert acs.Tuning().wake == "side_stream"
+    assert set(_wake.STRATEGIES) == set(_tuning._WAKE_CHOICES)
+    try:
+        assert acs.configure(wake="work_stream").wake == "work_stream"
+        assert acs.configure().wake == "work_stream"
+        assert acs.configure(spin_limit=0.001).wake == "work_stream"  # other knobs keep it
+        with pytest.raises(ValueError, match="must be 'side_stream' or 'work_stream', got 'host'"):
+            acs.configure(wake="host")
+        with pytest.raises(TypeError, match="wake must be a str, not int"):
+            acs.configure(wake=3)  # type: ignore[arg-type]
+        assert acs.configure(wake="side_stream").wake == "side_stream"
+    finally:
+        acs.configure(wake=acs.Tuning().wake, spin_limit=acs.Tuning().spin_limit)
+
+
+@pytest.fixture
+def work_stream_wake(parked: None) -> Iterator[None]:
+    """Host functions on the work stream itself (spinning off, so every wait parks)."""
+    acs.configure(wake="work_stream")
+    yield
+    acs.configure(wake=acs.Tuning().wake)
+
+
+async def test_work_stream_wake_completes_waits_and_hand_offs(
+    sim: SimDriver, work_stream_wake: None
+) -> None:
+    from aiocudasem._notifier import side_streams
+
+    ready, producer = import_sim_semaphore(sim)
+    done, observer = import_sim_semaphore(sim)
+    woke = 0
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        ev = s.record()
+
+        async def waiter() -> None:
+            nonlocal woke
+            await s.wait_complete()
+            woke += 1
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(waiter)
+                tg.start_soon(ev.wait)
+                await anyio.wait_all_tasks_blocked()
+                assert statistics().parked == 4
+                gate.set()
+        assert woke == 3
+        assert statistics().fired >= 1  # woken by host functions, not by a query
+
+        async def consumer() -> None:
+            async with s.handoff(acs.Wait(ready, 1), acs.Signal(done, 1)):
+                pass
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consumer)
+                await anyio.wait_all_tasks_blocked()
+                assert statistics().parked == 1  # __aexit__ waits for the signal
+                producer.signal(1)
+        assert observer.value == 1
+        with anyio.fail_after(5):
+            await ready.wait_value(1)  # a host-side semaphore wait, on a private stream
+        assert side_streams.count(sim) == 0  # no side stream was made for any of it
+        ev.close()
+    await ready.aclose()
+    await done.aclose()
+
+
+@pytest.mark.parametrize(
+    ("wake", "refused"),
+    [
+        ("side_stream", "stream_create"),  # no side stream: the node is armed, then disarmed
+        ("side_stream", "launch_host_func"),
+        ("work_stream", "launch_host_func"),
+    ],
+)
+async def test_a_refused_launch_fails_the_wait_and_leaves_nothing_armed(
+    sim: SimDriver, parked: None, monkeypatch: pytest.MonkeyPatch, wake: str, refused: str
+) -> None:
+    acs.configure(wake=wake)
+    try:
+        async with acs.open_stream(driver=sim) as s:
+            gate = hold(s)
+
+            def refuse(*args: object) -> None:
+                raise acs.CudaError("refused", 1)
+
+            with monkeypatch.context() as m:
+                m.setattr(sim, refused, refuse)
+                with pytest.raises(acs.CudaError, match="refused"):
+                    await s.wait_complete()
+            assert statistics().pending == 0
+            assert statistics().armed == 0
+            gate.set()
+            with anyio.fail_after(5):
+                await s.wait_complete()  # the next wait is served as usual
+    finally:
+        acs.configure(wake=acs.Tuning().wake)
 
 
 async def test_pools_are_keyed_by_the_driver_object_not_its_id() -> None:
@@ -192,3 +303,33 @@ async def test_pools_are_keyed_by_the_driver_object_not_its_id() -> None:
     assert len([d for d in event_pool._free if d is second]) == 1  # ...and second has its own
     async with acs.open_stream(driver=second) as s:
         await s.wait_complete()  # would fail with an invalid handle if it got first's events
+
+
+def test_the_notifier_package_imports_go_one_way() -> None:
+    """At run time each module of the package imports only modules listed before it (imports
+    for type checking only are exempt), and none copies the settings in force: they are read
+    as ``_tuning.current`` when used, so that configure() reaches every module."""
+    import ast
+    from pathlib import Path
+
+    from aiocudasem import _notifier
+
+    order = ["_tuning", "_pools", "_points", "_wake", "_watchdog", "_loop", "_statistics"]
+    root = Path(_notifier.__file__).parent
+    assert {p.stem for p in root.glob("*.py")} == {*order, "__init__"}
+
+    def runtime_imports(body: list[ast.stmt]) -> list[ast.ImportFrom]:
+        found = []
+        for node in body:
+            if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+                continue
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                found.append(node)
+        return found
+
+    for i, name in enumerate(order):
+        for node in runtime_imports(ast.parse((root / f"{name}.py").read_text()).body):
+            used = [node.module] if node.module else [a.name for a in node.names]
+            assert set(used) <= set(order[:i]), f"{name} imports {used}"
+            if node.module == "_tuning":
+                assert "current" not in {a.name for a in node.names}, name

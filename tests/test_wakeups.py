@@ -13,7 +13,8 @@ import anyio
 import pytest
 
 import aiocudasem as acs
-from aiocudasem._notifier import current_notifier, side_streams
+from aiocudasem._notifier import side_streams
+from aiocudasem._notifier import statistics as notifier_statistics
 from aiocudasem.testing import SimDriver, hold, import_sim_semaphore
 
 pytestmark = pytest.mark.anyio
@@ -26,12 +27,11 @@ async def test_a_parked_loop_is_not_woken_by_a_timer(sim: SimDriver, parked: Non
         async with anyio.create_task_group() as tg:
             tg.start_soon(s.wait_complete)
             await anyio.wait_all_tasks_blocked()
-            n = current_notifier()
-            before = n.stats()
+            before = notifier_statistics()
             await anyio.to_thread.run_sync(time.sleep, 0.3)
-            after = n.stats()
-            assert after["drainer_wakeups"] == before["drainer_wakeups"]
-            assert after["wakeups"] == before["wakeups"]
+            after = notifier_statistics()
+            assert after.drainer_wakeups == before.drainer_wakeups
+            assert after.wakeups == before.wakeups
             # anyio's wait_all_tasks_blocked() re-samples every 100 ms on asyncio while any task
             # is runnable: with a parked wait it must return at once.
             took = []
@@ -124,7 +124,7 @@ async def test_a_plain_wait_is_prompt_right_after_a_cancellation_storm(
         with anyio.fail_after(5):
             await s.wait_complete()
         assert time.perf_counter() - t0 < 0.5
-        assert current_notifier().stats()["parked"] == 0
+        assert notifier_statistics().parked == 0
     await sem.aclose()
 
 
@@ -186,7 +186,7 @@ async def test_a_parked_device_costs_the_watchdog_no_wake_ups(sim: SimDriver, pa
     """The fault watchdog sleeps in the driver behind the parked work: however short its period,
     its thread is not woken while nothing completes (a periodic check would wake 60 times
     here)."""
-    from aiocudasem import _notifier
+    from aiocudasem._notifier._watchdog import _watchdog
 
     acs.configure(watchdog=0.005)
     async with acs.open_stream(driver=sim) as s:
@@ -195,7 +195,7 @@ async def test_a_parked_device_costs_the_watchdog_no_wake_ups(sim: SimDriver, pa
             tg.start_soon(s.wait_complete)
             await anyio.wait_all_tasks_blocked()
             await anyio.sleep(0.05)  # the thread has started and gone to sleep
-            thread = _notifier._watchdog._sentries[sim][0].thread
+            thread = _watchdog._sentries[sim][0].thread
             assert thread is not None and thread.native_id is not None
             before = _times_scheduled(thread)
             await anyio.sleep(0.3)
@@ -206,17 +206,17 @@ async def test_a_parked_device_costs_the_watchdog_no_wake_ups(sim: SimDriver, pa
 async def test_an_idle_watchdog_thread_ends_and_releases_its_event(
     sim: SimDriver, parked: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from aiocudasem import _notifier
+    from aiocudasem._notifier._watchdog import _watchdog
     from tests.conftest import watchdog_events
 
-    monkeypatch.setattr(_notifier._watchdog, "_IDLE", 0.05)
+    monkeypatch.setattr(_watchdog, "_IDLE", 0.05)
     acs.configure(watchdog=0.01)
     async with acs.open_stream(driver=sim) as s:
         gate = hold(s)
         async with anyio.create_task_group() as tg:
             tg.start_soon(s.wait_complete)
             await anyio.wait_all_tasks_blocked()
-            sentry = _notifier._watchdog._sentries[sim][0]
+            sentry = _watchdog._sentries[sim][0]
             thread = sentry.thread
             assert thread is not None
             await anyio.sleep(0.05)
@@ -227,4 +227,4 @@ async def test_an_idle_watchdog_thread_ends_and_releases_its_event(
                 await anyio.sleep(0.01)
         assert sentry.event is None
         assert not watchdog_events(sim)
-        assert not _notifier._watchdog._sentries.get(sim)
+        assert not _watchdog._sentries.get(sim)

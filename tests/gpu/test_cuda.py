@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import aiocudasem as acs
-from aiocudasem._notifier import current_notifier
+from aiocudasem._notifier import current_notifier, statistics
 from aiocudasem.testing import SEEN, frame_word, workloads
 from aiocudasem.vulkan import VulkanDevice
 from tests.conftest import open_fds
@@ -43,12 +43,12 @@ async def test_parked_path_and_spin_path_both_complete(cuda: acs.Driver) -> None
     async with acs.open_stream(driver=cuda) as s:
         for spin in (0.0, acs.Tuning().spin_limit):
             acs.configure(spin_limit=spin)
-            before = current_notifier().stats()["fired"]
+            before = statistics().fired
             for _ in range(50):
                 workloads(cuda).launch_spin(s.handle, 300_000)
                 with anyio.fail_after(10):
                     await s.wait_complete()
-            fired = current_notifier().stats()["fired"] - before
+            fired = statistics().fired - before
             if spin == 0:
                 assert fired == 50  # every wait parked on the host function
         acs.configure(spin_limit=acs.Tuning().spin_limit)

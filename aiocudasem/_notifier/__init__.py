@@ -1,0 +1,51 @@
+"""Waiting for a point in a stream without blocking the event loop.
+
+A *point* is an event recorded on a work stream. Awaiting it goes through up to two phases:
+
+1. **Spin** (short and adaptive): query the event between checkpoints. Only streams whose recent
+   waits were short spin, for at most ``Tuning.spin_limit`` seconds, and only ``max_spinners``
+   coroutines at a time, so long waits and crowds of waiters cost no CPU.
+2. **Park**: arm the C host function. It runs on a *side stream* that waits for the event, so
+   the work stream never stalls on a host function (the default wake strategy, see ``_wake``).
+   The host function appends a token to the C queue and wakes the loop's one fd. One of the
+   parked coroutines, the *drainer*, waits on the fd and wakes the others; when it leaves (done
+   or cancelled) it first delivers whatever is queued, then hands the role to another. A
+   cancelled drainer therefore loses nobody's wake-up.
+
+A parked loop is woken by a completion or by a device fault, never by a timer. CUDA never calls
+a host function after a context error, so a *watchdog thread* per device that coroutines are
+parked on sleeps in ``cuEventSynchronize`` behind their work, which returns at once if the
+context faults (see :class:`_Watchdog`). It then flags the loops parked on that device and kicks
+their fds; their drainers fail the affected points with :class:`DeviceFaultError`. The watchdog
+is never the path by which an ordinary completion is noticed.
+
+There is one :class:`Notifier` per event-loop run (an anyio ``RunVar``), with one fd. It is
+closed when its loop ends (through the loop's async-generator finalization, which asyncio,
+uvloop and trio all run at shutdown), not by the garbage collector.
+
+The modules, each importing only those before it: ``_tuning`` (settings), ``_pools`` (events,
+side streams), ``_points``, ``_wake`` (wake strategies), ``_watchdog``, ``_loop`` (the
+:class:`Notifier`) and ``_statistics``.
+"""
+
+from __future__ import annotations
+
+from ._loop import Notifier, current_notifier
+from ._points import Point
+from ._pools import destroy_stream, event_pool, side_streams, take_event
+from ._statistics import Statistics, statistics
+from ._tuning import Tuning, configure
+
+__all__ = (
+    "Notifier",
+    "Point",
+    "Statistics",
+    "Tuning",
+    "configure",
+    "current_notifier",
+    "destroy_stream",
+    "event_pool",
+    "side_streams",
+    "statistics",
+    "take_event",
+)

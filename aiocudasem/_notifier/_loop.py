@@ -1,0 +1,454 @@
+"""The per-loop half of the notifier: one :class:`Notifier` per event-loop run (spin, park,
+chains, the drainer, the fault flag), :func:`current_notifier`, and the async generator that
+closes a notifier when its loop ends."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+import weakref
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.lowlevel
+
+from .. import _notify, _release
+from .._errors import AiocudasemError
+from . import _tuning
+from ._wake import STRATEGIES as _STRATEGIES
+from ._watchdog import _watchdog
+
+if TYPE_CHECKING:
+    from .._driver import Driver
+    from ._points import Point
+
+__all__ = ("Notifier", "current_notifier", "running_notifier")
+
+
+class Notifier:
+    """The per-loop half of the notifier: the C queue and fd, the armed points, the drainer."""
+
+    def __init__(self) -> None:
+        self._c = _notify.Notifier()
+        self._fd = self._c.fileno()
+        self._tokens = itertools.count(1)
+        self._armed: dict[int, Point] = {}  # token -> the point its host function follows
+        # Parked points per work stream. Only the oldest of each has a host function: streams
+        # are FIFO, so when it fires the others are checked with a query, and a crowd of
+        # waiters on one stream costs one host function, not one each.
+        self._chains: dict[tuple[Driver, int], dict[Point, None]] = {}
+        self._heads: dict[tuple[Driver, int], Point] = {}  # the chain's armed point
+        self._parked: dict[anyio.Event, None] = {}  # sleeping coroutines, oldest first
+        self._draining = False
+        self._drain_point: Point | None = None
+        self._drain_scope: anyio.CancelScope | None = None
+        self._spinners = 0
+        self._recent: dict[tuple[int, int], float] = {}  # (driver, stream) -> recent wait time
+        self._watched: dict[tuple[Driver, int], int] = {}  # devices of parked points -> count
+        self._check = False  # set by the watchdog thread: a device parked on has faulted
+        self._wakeups = 0  # times a drainer woke from the fd
+        self._lifetime: AsyncGenerator[None, None] | None = None
+        self.closed = False
+        self._ref = weakref.ref(self)
+        _live_notifiers.add(self)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    # ------------------------------------------------------------------ lifetime
+
+    def _bind_to_loop(self) -> None:
+        """Close this notifier when the running loop shuts down.
+
+        Every loop finalizes the async generators that were first iterated inside it when it
+        ends: asyncio and uvloop in ``shutdown_asyncgens()`` (``asyncio.run``, ``Runner`` and
+        anyio call it), trio at the end of ``trio.run`` and of a guest run. So a generator
+        started here, whose ``finally`` closes the notifier, ties the notifier to the loop
+        without any event-loop-specific code. It is started synchronously: it yields before
+        awaiting anything."""
+        agen = _lifetime(weakref.ref(self))
+        try:
+            agen.asend(None).send(None)
+        except StopIteration:
+            pass
+        # asyncio keeps only a weak set of generators: hold it for as long as we live.
+        self._lifetime = agen
+
+    def close(self) -> None:
+        """Release the loop's fd and forget every point. Idempotent. Host functions still in
+        flight keep the C state (not the fd) alive until they return. Points armed here may be
+        awaited again from another loop afterwards; their abandoned pooled events go back."""
+        if self.closed:
+            return
+        self.closed = True
+        _live_notifiers.discard(self)
+        for key in self._watched:
+            _watchdog.remove(self, key)
+        self._watched.clear()
+        points: dict[Point, None] = dict.fromkeys(self._armed.values())
+        for chain in self._chains.values():
+            points.update(chain)
+        for p in points:
+            p.token = 0
+            p.owner = None
+            if not p.done and p.waiting == 0:
+                p._release_event()
+        self._armed.clear()
+        self._chains.clear()
+        self._heads.clear()
+        for s in self._parked:
+            s.set()  # a coroutine still parked (the loop is going away) sees `closed`
+        if self._drain_scope is not None:
+            self._drain_scope.cancel()
+        self._c.close()
+
+    def _fault_detected(self) -> None:
+        """From the watchdog thread (or the fork handler): a device that coroutines here are
+        parked on has faulted. Flag it and wake the loop; its drainer does the rest."""
+        self._check = True
+        self._c.kick()
+
+    # ------------------------------------------------------------------ waiting
+
+    async def wait(self, point: Point) -> None:
+        """Wait until ``point`` completes. Always a checkpoint. Raises what the point failed
+        with (``DeviceFaultError`` after a device fault). Cancellation abandons the wait
+        only: the point stays armed and other waiters keep their wake-ups."""
+        owner = None if point.owner is None else point.owner()
+        if owner is not self and point.owner is not None and not point.done:
+            if owner is not None and not owner.closed:
+                await anyio.lowlevel.checkpoint_if_cancelled()
+                exc = anyio.BusyResourceError("waiting on")
+                exc.args = (
+                    "this point is being awaited in another event loop; await an Event from "
+                    "one event loop at a time",
+                )
+                raise exc
+            point.owner = None
+            point.token = 0
+        # Each path below passes a full checkpoint (the spin loop's, the park's, or the one at
+        # the end), so there is no separate cancellation check up front.
+        point.waiting += 1
+        try:
+            scheduled = False
+            if not point.done and not point.token:
+                scheduled = await self._spin(point)
+            if not point.done:
+                self._arm(point)
+            if not point.done:
+                await self._park(point)
+            elif not scheduled:
+                await anyio.lowlevel.checkpoint()
+        finally:
+            point.waiting -= 1
+            if not point.done and point.waiting == 0:
+                if not point.token:
+                    # Abandoned without a host function of its own: nobody will query it again.
+                    self._unchain(point)
+                    point.owner = None
+                # An armed point's host function does not need the event (cuStreamWaitEvent
+                # captured it), and nobody will query an abandoned pooled point: give it back
+                # now rather than when (or if) the host function fires.
+                point._release_event()
+        point._raise_if_failed()
+
+    def _finish(self, point: Point, error: AiocudasemError | None) -> None:
+        point._finish(error)
+        if point is self._drain_point and self._drain_scope is not None:
+            # The drainer sleeps on the fd, not on its sleeper: wake it so that it can leave.
+            self._drain_scope.cancel()
+
+    def _query(self, point: Point) -> bool:
+        try:
+            ready = point.driver.event_query(point.event)
+        except AiocudasemError as exc:
+            self._finish(point, exc)
+            return True
+        if ready:
+            self._learn(point)
+            self._finish(point, None)
+        return ready
+
+    def _learn(self, point: Point) -> None:
+        key = (id(point.driver), point.stream)
+        took = time.perf_counter() - point.started
+        old = self._recent.get(key)
+        self._recent[key] = took if old is None else 0.75 * old + 0.25 * took
+        if len(self._recent) > 4096:
+            self._recent.clear()
+
+    async def _spin(self, point: Point) -> bool:
+        """Pass a checkpoint, query the point, then spin if this stream's waits tend to be
+        short. The checkpoint comes first: it gives the GPU a moment, so the first query is
+        more often the last. Returns True (a schedule point was passed)."""
+        await anyio.lowlevel.checkpoint()
+        if point.done or self._query(point):
+            return True
+        tuning = _tuning.current
+        recent = self._recent.get((id(point.driver), point.stream))
+        if recent is None:
+            window = tuning.spin_limit
+        elif recent > tuning.spin_limit:
+            return True
+        else:
+            window = min(tuning.spin_limit, 2.0 * recent + 20e-6)
+        if window <= 0 or self._spinners >= tuning.max_spinners:
+            return True
+        deadline = point.started + window
+        self._spinners += 1
+        try:
+            while True:
+                await anyio.lowlevel.checkpoint()
+                if point.done or self._query(point) or time.perf_counter() >= deadline:
+                    return True
+        finally:
+            self._spinners -= 1
+
+    def _arm(self, point: Point) -> None:
+        """Make sure ``point`` will be woken: join its stream's chain, and launch a host
+        function for it if the chain has none outstanding."""
+        if point.token or point.done:
+            return
+        if self.closed:
+            raise anyio.ClosedResourceError("the event loop's notifier is closed")
+        point.owner = self._ref
+        key = (point.driver, point.stream)
+        chain = self._chains.get(key)
+        if chain is None:
+            chain = self._chains[key] = {}
+        chain[point] = None
+        if key not in self._heads:
+            self._launch(point)
+
+    def _launch(self, point: Point) -> None:
+        drv = point.driver
+        token = next(self._tokens)
+        user = self._c.arm(token)
+        try:
+            # The wake strategy in force (see _wake) enqueues the host function.
+            _STRATEGIES[_tuning.current.wake].launch(
+                drv, point.device, point.stream, point.event, user
+            )
+        except AiocudasemError as exc:
+            self._c.disarm(user)
+            self._unchain(point)
+            self._finish(point, exc)
+            self._advance((drv, point.stream))  # the others still need a host function
+            return
+        except BaseException:
+            self._c.disarm(user)
+            raise
+        point.token = token
+        self._armed[token] = point
+        self._heads[(drv, point.stream)] = point
+
+    def _unchain(self, point: Point) -> None:
+        key = (point.driver, point.stream)
+        chain = self._chains.get(key)
+        if chain is not None:
+            chain.pop(point, None)
+            if not chain:
+                del self._chains[key]
+
+    def _advance(self, key: tuple[Driver, int]) -> None:
+        """The chain's host function fired: finish every point that is done, and give the
+        oldest remaining one the next host function."""
+        chain = self._chains.get(key)
+        if chain is None or key in self._heads:
+            return
+        remaining = [p for p in chain if not p.done and not self._query(p)]
+        if not remaining:
+            self._chains.pop(key, None)
+            return
+        remaining.sort(key=lambda p: p.seq)
+        self._chains[key] = dict.fromkeys(remaining)
+        self._launch(remaining[0])
+
+    async def _park(self, point: Point) -> None:
+        sleeper = anyio.Event()
+        point.sleepers.append(sleeper)
+        self._parked[sleeper] = None
+        self._watch(point)
+        try:
+            while not point.done:
+                if self.closed:
+                    raise anyio.ClosedResourceError(
+                        "the event loop is shutting down: its notifier is closed"
+                    )
+                if not self._draining:
+                    await self._drain(point)
+                elif sleeper.is_set():
+                    # Woken to take over the drainer role, which someone took first, or woken
+                    # spuriously: sleep again.
+                    self._parked.pop(sleeper, None)
+                    point.sleepers.remove(sleeper)
+                    sleeper = anyio.Event()
+                    point.sleepers.append(sleeper)
+                    self._parked[sleeper] = None
+                else:
+                    await sleeper.wait()
+        finally:
+            self._parked.pop(sleeper, None)
+            if sleeper in point.sleepers:
+                point.sleepers.remove(sleeper)
+            self._unwatch(point)
+            if not self._draining and not self.closed:
+                # Nobody is draining right now. Deliver what is queued before leaving: this
+                # coroutine may have been cancelled before it drained, and the next drainer may
+                # be cancelled too; then hand the role on.
+                self._collect()
+                self._hand_off()
+
+    async def _drain(self, point: Point) -> None:
+        """Be the drainer until ``point`` is done: sleep on the fd, deliver completions."""
+        self._draining = True
+        self._drain_point = point
+        try:
+            while not point.done and not self.closed:
+                with anyio.CancelScope() as scope:
+                    self._drain_scope = scope
+                    if not self._check:
+                        await anyio.wait_readable(self._fd)
+                        self._wakeups += 1
+                self._drain_scope = None
+                self._collect()
+        finally:
+            self._draining = False
+            self._drain_point = None
+            self._drain_scope = None
+
+    def _collect(self) -> None:
+        """Deliver queued completions, and run the fault check if the watchdog asked for it.
+        Non-blocking."""
+        if self.closed:
+            return
+        tokens = self._c.drain()
+        if tokens:
+            self._complete(tokens)
+        if self._check:
+            self._check = False
+            self._check_faults()
+
+    def _hand_off(self) -> None:
+        """Wake one parked coroutine so that it becomes the drainer. Sleepers already woken
+        are dropped on the way, so a crowd finishing at once costs O(1) each."""
+        parked = self._parked
+        while parked:
+            s = next(iter(parked))
+            del parked[s]
+            if not s.is_set():
+                s.set()
+                return
+
+    def _complete(self, tokens: list[int]) -> None:
+        armed = self._armed
+        for token in tokens:
+            point = armed.pop(token, None)
+            if point is not None:
+                point.token = 0
+                key = (point.driver, point.stream)
+                if self._heads.get(key) is point:
+                    del self._heads[key]
+                if not point.done:
+                    self._learn(point)
+                    self._finish(point, None)
+                self._advance(key)
+
+    def _watch(self, point: Point) -> None:
+        key = (point.driver, point.device)
+        n = self._watched.get(key, 0)
+        self._watched[key] = n + 1
+        if n == 0:
+            _watchdog.add(self, key)
+
+    def _unwatch(self, point: Point) -> None:
+        key = (point.driver, point.device)
+        n = self._watched.get(key, 0) - 1
+        if n > 0:
+            self._watched[key] = n
+        elif n == 0:
+            del self._watched[key]
+            _watchdog.remove(self, key)
+
+    def _check_faults(self) -> None:
+        """Fail every chain whose device reports a sticky error (or can no longer be used)."""
+        checked: dict[tuple[int, int], AiocudasemError | None] = {}
+        for key, chain in list(self._chains.items()):
+            if not chain:
+                continue
+            head = next(iter(chain))
+            dev = (id(head.driver), head.device)
+            if dev not in checked:
+                try:
+                    head.driver.check_health(head.device)
+                    checked[dev] = None
+                except AiocudasemError as exc:
+                    checked[dev] = exc
+            err = checked[dev]
+            if err is None:
+                continue
+            # The host functions will never run: drop the chain. Their C nodes are leaked on
+            # purpose (see _notify.c), and so are the events of armed points.
+            del self._chains[key]
+            self._heads.pop(key, None)
+            for point in chain:
+                if point.token:
+                    self._armed.pop(point.token, None)
+                    point.token = 0
+                    point.pool = None  # its event stays with the dead context
+                self._finish(point, err)
+
+
+async def _lifetime(ref: weakref.ref[Notifier]) -> AsyncGenerator[None, None]:
+    try:
+        yield
+    finally:
+        notifier = ref()
+        if notifier is not None:
+            notifier.close()
+
+
+_live_notifiers: weakref.WeakSet[Notifier] = weakref.WeakSet()
+
+_NOTIFIER: anyio.lowlevel.RunVar[Notifier] = anyio.lowlevel.RunVar("aiocudasem_notifier")
+
+
+def running_notifier() -> Notifier | None:
+    """The running event loop's notifier if it has an open one, else None (also outside a
+    running loop). Creates nothing."""
+    try:
+        n = _NOTIFIER.get(None)
+    except RuntimeError:  # no event loop is running in this thread
+        return None
+    return None if n is None or n.closed else n
+
+
+def current_notifier() -> Notifier:
+    """The notifier of the running event loop, created on first use and closed when the loop
+    ends."""
+    if _release._deferred:
+        _release.flush()
+    try:
+        n = _NOTIFIER.get()
+        if not n.closed:
+            return n
+    except LookupError:
+        pass
+    n = Notifier()
+    n._bind_to_loop()
+    _NOTIFIER.set(n)
+    return n
+
+
+def _after_fork_in_child() -> None:
+    """CUDA cannot be used in a forked child. The drivers refuse every call (see
+    ``_driver``), the pools forget the parent's handles (see ``_pools``) and the watchdog its
+    threads (see ``_watchdog``); here loops that were parked in the parent are woken so that
+    their waiters fail with the driver's error instead of hanging."""
+    for n in list(_live_notifiers):
+        n._fault_detected()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,150 @@
+"""The pools the notifier shares across event loops: timing-free events per driver and device,
+and one side stream per work stream. Both are keyed by the driver object, weakly."""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from .._driver import Driver
+
+__all__ = ("destroy_stream", "event_pool", "side_streams", "take_event")
+
+
+class _EventPool:
+    """Reusable timing-free events per driver and device. Re-recording an event is always
+    allowed by CUDA, and cuStreamWaitEvent captures the state at call time, so an event can go
+    back to the pool as soon as no waiter will query it again."""
+
+    _LIMIT: Final = 4096
+
+    def __init__(self) -> None:
+        # Keyed by the driver object, weakly: an id() could be reused by a later driver.
+        self._free: weakref.WeakKeyDictionary[Driver, dict[int, list[int]]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def free_list(self, driver: Driver, device: int) -> list[int]:
+        """The free events of ``driver``'s ``device``; callers may keep the list."""
+        return self._free.setdefault(driver, {}).setdefault(device, [])
+
+    def total(self) -> int:
+        """How many events are pooled, across drivers and devices."""
+        while True:
+            try:
+                per_driver = list(self._free.values())
+            except RuntimeError:  # another thread added a driver meanwhile: look again
+                continue
+            return sum(len(free) for per_device in per_driver for free in per_device.values())
+
+    def _after_fork(self) -> None:
+        # The parent's handles mean nothing here; lists already handed out keep theirs, and
+        # their driver refuses them.
+        self._free = weakref.WeakKeyDictionary()
+
+
+def take_event(driver: Driver, device: int, free: list[int]) -> int:
+    if free:
+        try:
+            return free.pop()
+        except IndexError:  # another thread took the last one
+            pass
+    return driver.event_create(device)
+
+
+class _SideStreams:
+    """One side stream per work stream, shared by every loop of the process. A side stream
+    carries only event waits and host functions, so a slow host function never delays the
+    work stream, and waits on different work streams never queue behind each other.
+
+    The lock is never taken from a finalizer (finalizers defer to :mod:`._release`), so the
+    garbage collector running inside a locked section cannot deadlock on it."""
+
+    _LIMIT: Final = 1024
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._streams: weakref.WeakKeyDictionary[Driver, OrderedDict[int, int]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def get(self, driver: Driver, device: int, work: int) -> int:
+        with self._lock:
+            table = self._streams.get(driver)
+            side = None if table is None else table.get(work)
+            if side is not None:
+                table.move_to_end(work)  # type: ignore[union-attr]
+                return side
+        side = driver.stream_create(device, True, 0)
+        evicted: int | None = None
+        with self._lock:
+            table = self._streams.setdefault(driver, OrderedDict())
+            existing = table.get(work)
+            if existing is not None:  # lost a race with another thread
+                evicted, side = side, existing
+            else:
+                table[work] = side
+                if len(table) > self._LIMIT:
+                    evicted = table.popitem(last=False)[1]
+        if evicted is not None:
+            # Destroying returns at once; queued host functions still run.
+            driver.stream_destroy(evicted)
+        return side
+
+    def drop(self, driver: Driver, work: int) -> None:
+        with self._lock:
+            table = self._streams.get(driver)
+            side = None if table is None else table.pop(work, None)
+        if side is not None:
+            driver.stream_destroy(side)
+
+    def record_behind(self, driver: Driver, work: int, event: int) -> bool:
+        """Record ``event`` on the side stream that serves ``work``, behind the host functions
+        queued there; False if there is none. From any thread: the lock keeps the side stream
+        from being destroyed meanwhile (``drop`` and eviction remove it under the lock first)."""
+        with self._lock:
+            table = self._streams.get(driver)
+            side = None if table is None else table.get(work)
+            if side is None:
+                return False
+            driver.event_record(event, side)
+            return True
+
+    def count(self, driver: Driver) -> int:
+        with self._lock:
+            return len(self._streams.get(driver, ()))
+
+    def total(self) -> int:
+        """How many side streams exist, across drivers."""
+        with self._lock:
+            return sum(len(table) for table in self._streams.values())
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+        self._streams = weakref.WeakKeyDictionary()
+
+
+event_pool = _EventPool()
+side_streams = _SideStreams()
+
+
+def destroy_stream(driver: Driver, handle: int) -> None:
+    """Destroy a work stream and the side stream that serves it (CUDA may hand the same handle
+    to a later stream, which must not inherit a side stream with someone else's work)."""
+    try:
+        side_streams.drop(driver, handle)
+    finally:
+        driver.stream_destroy(handle)
+
+
+def _after_fork_in_child() -> None:
+    """CUDA cannot be used in a forked child, and the parent's handles mean nothing there."""
+    event_pool._after_fork()
+    side_streams._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

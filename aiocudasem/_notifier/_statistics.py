@@ -1,0 +1,78 @@
+"""A snapshot of the notifier's counters: :func:`statistics`, for tests, benchmarks and
+diagnostics. Reading them creates no notifier and starts no thread."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._loop import _live_notifiers, running_notifier
+from ._pools import event_pool, side_streams
+from ._watchdog import _watchdog
+
+__all__ = ("Statistics", "statistics")
+
+
+@dataclass(frozen=True, slots=True)
+class Statistics:
+    """The notifier's counters at one moment, from :func:`statistics`.
+
+    The first nine describe the notifier of the event loop that :func:`statistics` was called
+    in; they are all zero outside a running loop and in a loop that has no open notifier (none
+    of its waits has needed one yet, or it is shutting down). The last four are process-wide.
+    """
+
+    #: Host functions armed in this loop that have not returned yet, abandoned waits included
+    #: (a host function behind work that never completes stays pending).
+    pending: int = 0
+    #: Host functions that have run for this loop.
+    fired: int = 0
+    #: Writes to this loop's fd by host functions: a burst of completions costs one.
+    wakeups: int = 0
+    #: Points with a host function outstanding (at most one per work stream).
+    armed: int = 0
+    #: Parked points, grouped per work stream into chains, armed ones included.
+    chained: int = 0
+    #: Coroutines asleep on a point (the drainer included).
+    parked: int = 0
+    #: Coroutines spinning: querying their point between checkpoints.
+    spinning: int = 0
+    #: Devices (per driver) that coroutines of this loop are parked on, which the watchdog
+    #: watches for this loop.
+    watched: int = 0
+    #: Times this loop's drainer woke from its fd.
+    drainer_wakeups: int = 0
+    #: Open notifiers in the process: one per event loop that has waited and not ended.
+    notifiers: int = 0
+    #: Side streams in the process, across drivers.
+    side_streams: int = 0
+    #: Events in the event pool, across drivers and devices.
+    pooled_events: int = 0
+    #: Running watchdog threads (one per device that coroutines are or were lately parked on).
+    watchdog_threads: int = 0
+
+
+def statistics() -> Statistics:
+    """The notifier's counters now: those of the running event loop's notifier (zeros without
+    one) and the process-wide ones. Callable from any thread, inside a loop or not."""
+    process = {
+        "notifiers": len(_live_notifiers),
+        "side_streams": side_streams.total(),
+        "pooled_events": event_pool.total(),
+        "watchdog_threads": _watchdog.threads(),
+    }
+    n = running_notifier()
+    if n is None:
+        return Statistics(**process)
+    c = n._c.stats()
+    return Statistics(
+        pending=c["pending"],
+        fired=c["fired"],
+        wakeups=c["wakeups"],
+        armed=len(n._armed),
+        chained=sum(len(chain) for chain in n._chains.values()),
+        parked=len(n._parked),
+        spinning=n._spinners,
+        watched=len(n._watched),
+        drainer_wakeups=n._wakeups,
+        **process,
+    )

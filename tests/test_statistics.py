@@ -1,0 +1,150 @@
+"""statistics(): a frozen snapshot of the running loop's notifier and the process-wide pools,
+which creates nothing when read."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+import aiocudasem as acs
+from aiocudasem._notifier import Statistics, statistics
+from aiocudasem._notifier._loop import running_notifier
+from aiocudasem._notifier._watchdog import _watchdog
+from aiocudasem.testing import SimDriver, hold
+
+_PER_LOOP = (
+    "pending",
+    "fired",
+    "wakeups",
+    "armed",
+    "chained",
+    "parked",
+    "spinning",
+    "watched",
+    "drainer_wakeups",
+)
+
+
+def _per_loop(s: Statistics) -> dict[str, int]:
+    return {name: getattr(s, name) for name in _PER_LOOP}
+
+
+def test_statistics_is_frozen_and_slotted() -> None:
+    s = statistics()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.parked = 1  # type: ignore[misc]
+    assert not hasattr(s, "__dict__")
+    assert {f.name for f in dataclasses.fields(Statistics)} == {
+        *_PER_LOOP,
+        "notifiers",
+        "side_streams",
+        "pooled_events",
+        "watchdog_threads",
+    }
+    assert Statistics() == Statistics(**dict.fromkeys(_PER_LOOP, 0))
+
+
+def test_outside_a_loop_the_loop_counters_are_zero_and_nothing_starts() -> None:
+    threads = threading.active_count()
+    before = statistics()
+    after = statistics()
+    assert _per_loop(before) == dict.fromkeys(_PER_LOOP, 0)
+    assert after == before
+    assert threading.active_count() == threads
+
+
+@pytest.mark.anyio
+async def test_reading_creates_no_notifier(sim: SimDriver) -> None:
+    notifiers = statistics().notifiers
+    assert _per_loop(statistics()) == dict.fromkeys(_PER_LOOP, 0)
+    assert running_notifier() is None
+    assert statistics().notifiers == notifiers
+    outside = await anyio.to_thread.run_sync(statistics)  # another thread: no running loop
+    assert _per_loop(outside) == dict.fromkeys(_PER_LOOP, 0)
+
+
+@pytest.mark.anyio
+async def test_a_parked_waiter_is_counted(sim: SimDriver, parked: None) -> None:
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(s.wait_complete)
+                await anyio.wait_all_tasks_blocked()
+                now = statistics()
+                assert (now.parked, now.armed, now.chained, now.pending) == (1, 1, 1, 1)
+                assert (now.watched, now.spinning, now.fired, now.wakeups) == (1, 0, 0, 0)
+                assert now.notifiers >= 1
+                assert now.side_streams >= 1
+                assert now.watchdog_threads >= 1
+                gate.set()
+        done = statistics()
+        assert (done.parked, done.armed, done.chained, done.pending, done.watched) == (0,) * 5
+        assert (done.fired, done.wakeups) == (1, 1)  # one host function, one fd write
+        assert done.drainer_wakeups >= 1
+        assert done.pooled_events >= 1  # the point's event went back to the pool
+
+
+@pytest.mark.anyio
+async def test_a_spinning_waiter_is_counted(sim: SimDriver) -> None:
+    acs.configure(spin_limit=10.0)
+    try:
+        async with acs.open_stream(driver=sim) as s:
+            gate = hold(s)
+            with anyio.fail_after(5):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(s.wait_complete)
+                    while statistics().spinning == 0:
+                        await anyio.lowlevel.checkpoint()
+                    assert statistics().parked == 0
+                    gate.set()
+            assert statistics().spinning == 0
+    finally:
+        acs.configure(spin_limit=acs.Tuning().spin_limit)
+
+
+def _wait_for_child(pid: int, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail(f"the forked child hung for {timeout} s")
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # 3.12+: fork() with threads
+def test_a_forked_child_starts_with_empty_pools_and_no_watchdog_threads(parked: None) -> None:
+    sim = SimDriver(devices=1)
+    s = acs.open_stream(driver=sim)  # kept open: its side stream stays
+
+    async def use() -> None:
+        threading.Timer(0.01, hold(s).set).start()
+        with anyio.fail_after(5):
+            await s.wait_complete()  # parks: a side stream and a watchdog thread
+        with anyio.fail_after(5):
+            await s.wait_complete()  # leaves events in the pool
+
+    anyio.run(use)
+    parent = statistics()
+    assert parent.side_streams and parent.pooled_events and parent.watchdog_threads
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit code
+        code = 10
+        try:
+            child = statistics()
+            left = (child.side_streams, child.pooled_events, child.watchdog_threads)
+            # The parent's threads are gone: the watchdog must not think it still has one.
+            code = 0 if left == (0, 0, 0) and not _watchdog._sentries else 11
+        finally:
+            os._exit(code)
+    assert _wait_for_child(pid, 30) == 0
+    anyio.run(s.aclose)
