@@ -8,6 +8,10 @@ and monitoring.
   :class:`SemaphoreDesc` and :class:`SemOp` are what its semaphore calls take, and
   :func:`get_driver` returns the process-wide ``cuda`` or ``sim`` driver.
 - :class:`Tuning` and :func:`configure` set the wait strategy for the whole process.
+- :func:`statistics` returns a frozen :class:`Statistics`: the running loop's notifier and
+  the process-wide pools and threads, for monitoring and tests.
+- :data:`HOST_FUNCTION` is the address of the notifier's C host function (a ``CUhostFn``
+  that never takes the GIL), for diagnostics.
 """
 
 from __future__ import annotations
@@ -19,17 +23,26 @@ from ._driver import SemOp as SemOp
 from ._driver import get_driver as get_driver
 from ._handles import HANDLE_TYPES as HANDLE_TYPES
 from ._handles import HandleInfo as HandleInfo
+from ._notifier import Statistics as Statistics
 from ._notifier import Tuning as Tuning
 from ._notifier import configure as configure
+from ._notifier import statistics as statistics
+from ._notify import HOST_FN
+
+#: The address of the C host function that reports completions to the event loop.
+HOST_FUNCTION: int = HOST_FN
 
 __all__ = (
     "DRIVER_ENV",
+    "HOST_FUNCTION",
     "HANDLE_TYPES",
     "Driver",
     "HandleInfo",
     "SemOp",
     "SemaphoreDesc",
+    "Statistics",
     "Tuning",
     "configure",
     "get_driver",
+    "statistics",
 )

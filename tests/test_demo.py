@@ -6,7 +6,7 @@ import sys
 import anyio
 import pytest
 
-from aiocudasem._demo import run_demo
+from aiocudasem.cli.demo import run_demo
 from aiocudasem.testing import SimDriver, SimProducer
 
 pytestmark = pytest.mark.anyio

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from aiocudasem import VulkanUnavailableError, _doctor
-from aiocudasem._doctor import LAZY_LOADING_HINT
+from aiocudasem import VulkanUnavailableError
+from aiocudasem.cli import doctor
+from aiocudasem.cli.doctor import LAZY_LOADING_HINT
 from aiocudasem.vulkan import VulkanDevice
 
 
@@ -39,9 +40,9 @@ def _doctor_output(
     def no_vulkan(cls: type[VulkanDevice], uuid: bytes | None = None) -> VulkanDevice:
         raise VulkanUnavailableError("no Vulkan in this test")
 
-    monkeypatch.setattr(_doctor, "get_driver", lambda name: drv)
+    monkeypatch.setattr(doctor, "get_driver", lambda name: drv)
     monkeypatch.setattr(VulkanDevice, "open", classmethod(no_vulkan))
-    assert _doctor.main() == 0
+    assert doctor.main() == 0
     return capsys.readouterr().out
 
 

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import runpy
 import sys
-from pathlib import Path
 
-from ._driver import DRIVER_ENV, get_driver
-from ._errors import AiocudasemError
+from .. import AiocudasemError
+from ..lowlevel import DRIVER_ENV, HOST_FUNCTION, get_driver
 
 #: What ``doctor`` advises under lazy module loading, CUDA's default.
 LAZY_LOADING_HINT = (
@@ -29,9 +27,7 @@ def main() -> int:
     print(f"python {sys.version.split()[0]} on {sys.platform}")
     for dist in ("aiocudasem", "cuda-bindings", "anyio", "numpy", "trio", "uvloop"):
         print(f"{dist:>14}: {_version(dist)}")
-    from . import _notify
-
-    print(f"{'notifier':>14}: C extension loaded, host function at {_notify.HOST_FN:#x}")
+    print(f"{'notifier':>14}: C extension loaded, host function at {HOST_FUNCTION:#x}")
     uuid = None
     drv = None
     try:
@@ -45,7 +41,7 @@ def main() -> int:
     if drv is not None:
         _print_loading_mode(drv)
     try:
-        from .vulkan import VulkanDevice
+        from ..vulkan import VulkanDevice
 
         with VulkanDevice.open(uuid=uuid) as vk:
             print(f"{'vulkan':>14}: {vk.name} (UUID {vk.uuid.hex()})")
@@ -70,17 +66,3 @@ def _print_loading_mode(drv: object) -> None:
     print(f"{'module loading':>14}: {mode} ({source})")
     if mode == "lazy":
         print(f"{'':>14}  {LAZY_LOADING_HINT}")
-
-
-def run_benchmarks(args: list[str]) -> int:
-    """Run ``benchmarks/run.py`` of a source checkout."""
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
-    if not script.is_file():
-        print("the benchmarks live in the source checkout's benchmarks/ folder", file=sys.stderr)
-        return 2
-    sys.argv = [str(script), *args]
-    try:
-        runpy.run_path(str(script), run_name="__main__")
-    except SystemExit as exc:
-        return int(exc.code or 0) if not isinstance(exc.code, str) else 1
-    return 0

@@ -1,0 +1,263 @@
+"""The approaches compared: each waits for everything enqueued so far on a raw stream
+handle, as its users would write it."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import importlib.metadata
+from typing import Any, ClassVar
+
+import aiocudasem as acs
+from aiocudasem.lowlevel import configure
+
+# ---------------------------------------------------------------- approaches
+#
+# Each approach waits for "everything enqueued so far on stream handle h" from a coroutine.
+# `asyncio_only` ones use asyncio primitives directly, as their users would.
+
+
+class Approach:
+    name = ""
+    label = ""
+    asyncio_only = True
+    available = True
+    why_unavailable = ""
+
+    def __init__(self, drv: acs.Driver) -> None:
+        self.drv = drv
+
+    async def wait(self, h: int) -> None:
+        raise NotImplementedError
+
+    def setup(self) -> None:
+        """Called once before this approach's measurements."""
+
+    def teardown(self) -> None:
+        """Called once after them."""
+
+
+class BlockingSync(Approach):
+    name, label = "sync", "blocking cuStreamSynchronize (floor; freezes the loop)"
+    asyncio_only = False
+
+    async def wait(self, h: int) -> None:
+        self.drv.stream_synchronize(h)
+
+
+class ToThread(Approach):
+    name, label = "to_thread", "asyncio.to_thread(synchronize)"
+
+    async def wait(self, h: int) -> None:
+        await asyncio.to_thread(self.drv.stream_synchronize, h)
+
+
+class PollSleep0(Approach):
+    name, label = "poll0", "poll cuStreamQuery + sleep(0)"
+
+    async def wait(self, h: int) -> None:
+        q = self.drv.stream_query
+        while not q(h):
+            await asyncio.sleep(0)
+
+
+class PollSleep1ms(Approach):
+    name, label = "poll1ms", "poll cuStreamQuery + sleep(0.001)"
+
+    async def wait(self, h: int) -> None:
+        q = self.drv.stream_query
+        while not q(h):
+            await asyncio.sleep(0.001)
+
+
+_PYCB = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class PythonCallback(Approach):
+    """numba-style: a Python host callback (it takes the GIL on the driver's thread) that
+    resolves a future with call_soon_threadsafe."""
+
+    name, label = "pycallback", "Python host callback, GIL (numba style)"
+
+    def __init__(self, drv: acs.Driver) -> None:
+        super().__init__(drv)
+        self.futures: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = {}
+        self.next = 1
+
+        def cb(key: int | None) -> None:
+            loop, fut = self.futures.pop(key or 0)
+            loop.call_soon_threadsafe(fut.set_result, None)
+
+        self.cfunc = _PYCB(cb)
+        self.addr = ctypes.cast(self.cfunc, ctypes.c_void_p).value or 0
+
+    def enqueue(self, h: int) -> asyncio.Future[None]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        key = self.next
+        self.next += 1
+        self.futures[key] = (loop, fut)
+        self.drv.launch_host_func(h, self.addr, key)
+        return fut
+
+    async def wait(self, h: int) -> None:
+        await self.enqueue(h)
+
+
+class Aiocudasem(Approach):
+    name, label = "aiocudasem", "aiocudasem (await stream.wait_complete())"
+    asyncio_only = False
+    #: Settings in force for this approach's measurements (``aiocudasem.lowlevel.configure``).
+    settings: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, drv: acs.Driver) -> None:
+        super().__init__(drv)
+        self.streams: dict[int, acs.Stream] = {}
+        self.saved = configure()
+
+    def stream(self, h: int) -> acs.Stream:
+        s = self.streams.get(h)
+        if s is None:
+            s = self.streams[h] = acs.Stream.adopt(h, driver=self.drv)
+        return s
+
+    async def wait(self, h: int) -> None:
+        await self.stream(h).wait_complete()
+
+    def enqueue(self, h: int) -> acs.Event:
+        """For the stall test: an event behind the work, which a task then awaits."""
+        return self.stream(h).record()
+
+    # Once for the whole approach: saving and restoring around each of 1,000 concurrent waits
+    # would interleave and leave the settings wrong.
+    def setup(self) -> None:
+        self.saved = configure()
+        if self.settings:
+            configure(**self.settings)
+
+    def teardown(self) -> None:
+        configure(
+            spin_limit=self.saved.spin_limit,
+            max_spinners=self.saved.max_spinners,
+            watchdog=self.saved.watchdog,
+            wake=self.saved.wake,
+        )
+
+
+class AiocudasemParked(Aiocudasem):
+    name, label = "aiocudasem_parked", "aiocudasem, spinning off (host function only)"
+    settings: ClassVar[dict[str, Any]] = {"spin_limit": 0}
+
+
+class AiocudasemWorkStream(Aiocudasem):
+    """The notifier's host function launched on the work stream itself instead of a side
+    stream (``configure(wake="work_stream")``): the design the library rejected, kept to show
+    what the side stream buys. Spinning off, so that every wait goes through it."""
+
+    name, label = "c_workstream", "aiocudasem, host function on the work stream (no side stream)"
+    settings: ClassVar[dict[str, Any]] = {"spin_limit": 0, "wake": "work_stream"}
+
+
+class CupyHostFunc(Approach):
+    name, label = "cupy", "CuPy launch_host_func + call_soon_threadsafe"
+
+    def __init__(self, drv: acs.Driver) -> None:
+        super().__init__(drv)
+        try:
+            import cupy  # type: ignore[import-not-found]
+            import cupy.cuda  # type: ignore[import-not-found]
+
+            self.cp = cupy
+            self.streams: dict[int, Any] = {}
+            self.version = cupy.__version__
+        except Exception as exc:
+            self.available, self.why_unavailable = False, f"{type(exc).__name__}: {exc}"
+
+    def enqueue(self, h: int) -> asyncio.Future[None]:
+        s = self.streams.get(h)
+        if s is None:
+            s = self.streams[h] = self.cp.cuda.ExternalStream(h)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        s.launch_host_func(lambda _arg: loop.call_soon_threadsafe(fut.set_result, None), None)
+        return fut
+
+    async def wait(self, h: int) -> None:
+        await self.enqueue(h)
+
+
+class _Torch(Approach):
+    def __init__(self, drv: acs.Driver) -> None:
+        super().__init__(drv)
+        try:
+            import torch  # type: ignore[import-not-found]
+
+            if not torch.cuda.is_available():
+                raise RuntimeError("torch.cuda is not available")
+            self.torch = torch
+            self.streams: dict[int, Any] = {}
+            self.version = torch.__version__
+        except Exception as exc:
+            self.available, self.why_unavailable = False, f"{type(exc).__name__}: {exc}"
+
+    def record(self, h: int) -> Any:
+        s = self.streams.get(h)
+        if s is None:
+            s = self.streams[h] = self.torch.cuda.ExternalStream(h)
+        ev = self.torch.cuda.Event()
+        ev.record(s)
+        return ev
+
+
+class TorchQuery1ms(_Torch):
+    name, label = "torch_query", "PyTorch Event.query() + sleep(1 ms)"
+
+    async def wait(self, h: int) -> None:
+        ev = self.record(h)
+        while not ev.query():
+            await asyncio.sleep(0.001)
+
+
+class TorchToThread(_Torch):
+    name, label = "torch_to_thread", "PyTorch to_thread(Event.synchronize)"
+
+    async def wait(self, h: int) -> None:
+        ev = self.record(h)
+        await asyncio.to_thread(ev.synchronize)
+
+
+class NumbaAsyncDone(Approach):
+    name, label = "numba", "numba-cuda Stream.async_done()"
+
+    def __init__(self, drv: acs.Driver) -> None:
+        super().__init__(drv)
+        try:
+            from numba import cuda  # type: ignore[import-not-found]
+
+            self.cuda = cuda
+            self.streams: dict[int, Any] = {}
+            self.version = importlib.metadata.version("numba-cuda")
+        except Exception as exc:
+            self.available, self.why_unavailable = False, f"{type(exc).__name__}: {exc}"
+
+    async def wait(self, h: int) -> None:
+        s = self.streams.get(h)
+        if s is None:
+            s = self.streams[h] = self.cuda.external_stream(h)
+        await s.async_done()
+
+
+ALL = [
+    BlockingSync,
+    ToThread,
+    PollSleep0,
+    PollSleep1ms,
+    PythonCallback,
+    CupyHostFunc,
+    TorchQuery1ms,
+    TorchToThread,
+    NumbaAsyncDone,
+    AiocudasemWorkStream,
+    AiocudasemParked,
+    Aiocudasem,
+]

@@ -1,0 +1,270 @@
+"""The measurements: latency, throughput, CPU while parked, work-stream stall, crowds."""
+
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import time
+from typing import Any, Final
+
+import anyio
+import anyio.lowlevel
+
+import aiocudasem as acs
+from aiocudasem.lowlevel import configure
+from aiocudasem.testing import workloads
+
+from ._approaches import Aiocudasem, Approach, BlockingSync
+from ._common import KERNEL_NS, US, pct, say, thread_cpu
+
+# ---------------------------------------------------------------- the measurements
+
+
+class Bench:
+    def __init__(self, drv: acs.Driver, quick: bool, devices: int = 1) -> None:
+        self.drv = drv
+        self.work = workloads(drv)  # before any wait: its kernel loads first
+        self.quick = quick
+        self.devices = devices
+        self.streams = [drv.stream_create(0, True, 0) for _ in range(64)]
+        # With several devices: 8 more streams, dealt round-robin over them.
+        self.split = (
+            [drv.stream_create(i % devices, True, 0) for i in range(8)] if devices > 1 else []
+        )
+        self.results: dict[str, Any] = {}
+        self.cpu_threads: dict[str, dict[str, float]] = {}  # approach -> thread name -> seconds
+
+    def launch(self, h: int, ns: int) -> None:
+        self.work.launch_spin(h, ns)
+
+    async def probe(self, ap: Approach) -> str | None:
+        """Try the approach once; return the error text if it does not work."""
+        h = self.streams[0]
+        try:
+            self.launch(h, 10_000)
+            with anyio.fail_after(10):
+                await ap.wait(h)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    async def latency(self, ap: Approach, kernel_ns: int, n: int) -> list[float]:
+        h = self.streams[0]
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            if kernel_ns:
+                self.launch(h, kernel_ns)
+            await ap.wait(h)
+            out.append((time.perf_counter() - t0) / US)
+        return out
+
+    async def cpu_parked(self, ap: Approach, waiters: int = 1000) -> float:
+        """CPU cores used while `waiters` coroutines are parked on long kernels: one 3 s kernel
+        on each of 16 streams, the CPU read over a 1 s window once every coroutine is waiting
+        (process CPU time, all threads, the driver's and the fault watchdog's included)."""
+        hs = self.streams[:16]
+        for h in hs:
+            self.launch(h, 3_000_000_000)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(waiters):
+                tg.start_soon(ap.wait, hs[i % len(hs)])
+            await anyio.sleep(0.5)  # all started, spun and parked
+            t0 = thread_cpu()
+            c0, w0 = time.process_time(), time.perf_counter()
+            await anyio.sleep(1.0)
+            cores = (time.process_time() - c0) / (time.perf_counter() - w0)
+            t1 = thread_cpu()
+        # Which threads spent it: the loop's, the watchdog's, the driver's.
+        by_thread: dict[str, float] = {}
+        for tid, (name, ticks) in t1.items():
+            spent = ticks - t0.get(tid, (name, 0))[1]
+            if spent:
+                by_thread[name] = round(by_thread.get(name, 0.0) + spent / 1e9, 6)
+        self.cpu_threads[ap.name] = by_thread
+        return cores
+
+    async def throughput(
+        self, ap: Approach, nstreams: int, seconds: float, hs: list[int] | None = None
+    ) -> float:
+        """Awaits per second: one task per stream, each launching an empty kernel and awaiting
+        it, over the first ``nstreams`` streams of device 0, or over ``hs``."""
+        if hs is None:
+            hs = self.streams[:nstreams]
+        count = 0
+        deadline = time.perf_counter() + seconds
+
+        async def loop(h: int) -> None:
+            nonlocal count
+            while time.perf_counter() < deadline:
+                self.launch(h, 0)
+                await ap.wait(h)
+                count += 1
+
+        t0 = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for h in hs:
+                tg.start_soon(loop, h)
+        return count / (time.perf_counter() - t0)
+
+    async def stall(self, ap: Approach, busy_s: float = 0.3) -> float:
+        """GPU time of 100 x (50 us kernel + notification) on one stream while the loop
+        thread runs pure Python (holding the GIL), timed by CUDA events on that stream."""
+        drv, h = self.drv, self.streams[1]
+        start, end = drv.event_create(0, timing=True), drv.event_create(0, timing=True)
+        events: list[acs.Event] = []
+        saved = configure()
+        if isinstance(ap, Aiocudasem):
+            configure(spin_limit=0)  # every await parks: its notification is armed at once
+        try:
+            drv.stream_synchronize(h)
+            pending: list[Any] = []
+            drv.event_record(start, h)
+            async with anyio.create_task_group() as tg:
+                for _ in range(100):
+                    self.launch(h, 50_000)
+                    enqueue = getattr(ap, "enqueue", None)
+                    if enqueue is None:
+                        continue
+                    p = enqueue(h)
+                    if isinstance(p, acs.Event):
+                        events.append(p)
+                        tg.start_soon(p.wait)
+                        await anyio.lowlevel.checkpoint()  # the task parks, arming it
+                    else:
+                        pending.append(p)
+                drv.event_record(end, h)
+                t_end = time.perf_counter() + busy_s
+                x = 0
+                while time.perf_counter() < t_end:  # the loop is busy in Python
+                    x += 1
+                for p in pending:
+                    await p
+            drv.stream_synchronize(h)
+            return drv.event_elapsed_ms(start, end) * 1e3
+        finally:
+            configure(spin_limit=saved.spin_limit)
+            for ev in events:
+                ev.close()
+            drv.event_destroy(start)
+            drv.event_destroy(end)
+
+    async def many(self, ap: Approach, waiters: int = 10_000, nstreams: int = 64) -> dict[str, Any]:
+        hs = self.streams[:nstreams]
+        fds0 = len(os.listdir("/proc/self/fd"))
+        rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        lat: list[float] = []
+        woke = 0
+        peak_fds = fds0
+
+        async def one(h: int, t0: float) -> None:
+            nonlocal woke
+            await ap.wait(h)
+            lat.append((time.perf_counter() - t0) / US)
+            woke += 1
+
+        async def watch() -> None:
+            nonlocal peak_fds
+            while woke < waiters:
+                peak_fds = max(peak_fds, len(os.listdir("/proc/self/fd")))
+                await anyio.sleep(0.002)
+
+        t0 = time.perf_counter()
+        for h in hs:
+            self.launch(h, 20_000_000)
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                for i in range(waiters):
+                    tg.start_soon(one, hs[i % nstreams], t0)
+        return {
+            "woke": woke,
+            "waiters": waiters,
+            "extra_fds_peak": peak_fds - fds0,
+            "rss_growth_mib": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024,
+            "p50_us": statistics.median(lat),
+            "p99_us": pct(lat, 99),
+        }
+
+
+#: The approaches measured on streams of several devices (``--devices``): those that take any
+#: stream handle as it is (the others bind a library stream object to the current device).
+SPLIT_APPROACHES: Final = ("sync", "poll0", "pycallback", "aiocudasem_parked", "aiocudasem")
+
+
+async def run_asyncio(b: Bench, approaches: list[Approach]) -> None:
+    res = b.results
+    n = 60 if b.quick else 300
+    tput_s = 0.3 if b.quick else 1.0
+    for ap in approaches:
+        entry = res.setdefault(ap.name, {"label": ap.label})
+        if not ap.available:
+            entry["error"] = ap.why_unavailable
+            say(f"  {ap.name:<18} not available: {ap.why_unavailable}")
+            continue
+        ap.setup()
+        try:
+            await measure(b, ap, entry, n, tput_s)
+        finally:
+            ap.teardown()
+
+
+async def measure(b: Bench, ap: Approach, entry: dict[str, Any], n: int, tput_s: float) -> None:
+    err = await b.probe(ap)
+    if err is not None:
+        entry["error"] = err
+        say(f"  {ap.name:<18} FAILS: {err}")
+        return
+    say(f"  {ap.name:<18} latency ...")
+    await b.latency(ap, KERNEL_NS, 20)  # warm-up
+    entry["latency_100us"] = await b.latency(ap, KERNEL_NS, n)
+    entry["latency_empty"] = await b.latency(ap, 0, n)
+    say(f"  {ap.name:<18} throughput ...")
+    entry["awaits_per_s_1"] = await b.throughput(ap, 1, tput_s)
+    entry["awaits_per_s_8"] = await b.throughput(ap, 8, tput_s)
+    if b.split and ap.name in SPLIT_APPROACHES:
+        say(f"  {ap.name:<18} throughput, 8 streams over {b.devices} devices ...")
+        entry["awaits_per_s_8_split"] = await b.throughput(ap, 8, tput_s, b.split)
+    if ap.name not in ("sync", "torch_to_thread", "to_thread"):
+        say(f"  {ap.name:<18} CPU while parked ...")
+        entry["cpu_parked"] = await b.cpu_parked(ap)
+        entry["cpu_parked_threads"] = b.cpu_threads.get(ap.name, {})
+        by = entry["cpu_parked_threads"]
+        say(f"  {ap.name:<18} CPU while parked: {entry['cpu_parked']:.4f} cores; threads (s): {by}")
+    if hasattr(ap, "enqueue") or ap.name == "sync":
+        say(f"  {ap.name:<18} work-stream GPU time with the loop busy ...")
+        entry["stall_us"] = await b.stall(ap)
+    if ap.name in ("aiocudasem", "poll0", "pycallback"):
+        say(f"  {ap.name:<18} 10,000 awaiters on 64 streams ...")
+        entry["many"] = await b.many(ap)
+    med = statistics.median(entry["latency_100us"])
+    say(f"  {ap.name:<18} median wake latency {med:.1f} us")
+
+
+async def run_trio(b: Bench) -> None:
+    """Wake latency on trio: aiocudasem and the trio-native alternatives."""
+    import trio
+
+    class TrioPoll0(Approach):
+        name, label = "poll0", "poll + trio.sleep(0)"
+
+        async def wait(self, h: int) -> None:
+            while not self.drv.stream_query(h):
+                await trio.lowlevel.checkpoint()
+
+    class TrioToThread(Approach):
+        name, label = "to_thread", "trio.to_thread.run_sync(synchronize)"
+
+        async def wait(self, h: int) -> None:
+            await trio.to_thread.run_sync(self.drv.stream_synchronize, h)
+
+    n = 60 if b.quick else 300
+    out = b.results.setdefault("trio", {})
+    for ap in (BlockingSync(b.drv), TrioPoll0(b.drv), TrioToThread(b.drv), Aiocudasem(b.drv)):
+        await b.latency(ap, KERNEL_NS, 20)
+        out[ap.name] = {"label": ap.label, "latency_100us": await b.latency(ap, KERNEL_NS, n)}
+        say(
+            f"  trio {ap.name:<13} median {statistics.median(out[ap.name]['latency_100us']):.1f} us"
+        )
