@@ -12,7 +12,7 @@ import pytest
 from aiocudasem.testing import SimDriver
 
 if TYPE_CHECKING:
-    from aiocudasem._driver import Driver
+    from aiocudasem.lowlevel import Driver
 
 _BACKENDS: list[Any] = [
     pytest.param(("asyncio", {"use_uvloop": False}), id="asyncio"),

@@ -43,7 +43,7 @@ import numpy as np
 
 import aiocudasem as acs
 from aiocudasem._notifier import current_notifier
-from aiocudasem._notifier import statistics as notifier_statistics
+from aiocudasem.lowlevel import statistics as notifier_statistics
 from aiocudasem.testing import SEEN, SimDriver, frame_words, import_sim_semaphore, workloads
 from tests.conftest import fd_targets, open_fds
 

@@ -9,7 +9,8 @@ import anyio
 import pytest
 
 import aiocudasem as acs
-from aiocudasem._notifier import current_notifier, statistics
+from aiocudasem._notifier import current_notifier
+from aiocudasem.lowlevel import statistics
 from aiocudasem.testing import SimDriver, hold, import_sim_semaphore
 from tests.conftest import open_fds
 

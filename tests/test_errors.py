@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 import aiocudasem as acs
-from aiocudasem._errors import AiocudasemError
+from aiocudasem import AiocudasemError
 from aiocudasem.testing import SimDriver, hold
 
 pytestmark = pytest.mark.anyio

@@ -8,7 +8,8 @@ import asyncio
 import pytest
 
 import aiocudasem as acs
-from aiocudasem._notifier import current_notifier, statistics
+from aiocudasem._notifier import current_notifier
+from aiocudasem.lowlevel import statistics
 from aiocudasem.testing import SimDriver, hold, workloads
 from tests.conftest import open_fds
 

@@ -16,7 +16,8 @@ import anyio
 import pytest
 
 import aiocudasem as acs
-from aiocudasem._notifier import event_pool, statistics
+from aiocudasem._notifier import event_pool
+from aiocudasem.lowlevel import statistics
 from aiocudasem.testing import SimDriver, hold, workloads
 from tests.conftest import fd_targets, open_fds, watchdog_events
 
@@ -46,9 +47,13 @@ def test_each_loop_releases_its_fd_when_it_ends(
 
     async def one_loop() -> None:
         async with acs.open_stream(driver=sim) as s:
-            threading.Timer(0.002, hold(s).set).start()
+            gate = hold(s)
             with anyio.fail_after(5):
-                await s.wait_complete()  # parks: the loop's notifier and fd exist
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(s.wait_complete)
+                    while statistics().parked == 0:  # parked: the notifier and its fd exist
+                        await anyio.sleep(0.001)
+                    gate.set()
             assert statistics().fired == 1
 
     anyio.run(one_loop, backend=backend, backend_options=options)  # warm-up: threads, pools

@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 import aiocudasem as acs
-from aiocudasem._notifier import statistics
+from aiocudasem.lowlevel import statistics
 from aiocudasem.testing import SimDriver, hold, import_sim_semaphore, workloads
 
 pytestmark = pytest.mark.anyio

@@ -7,7 +7,7 @@ import anyio
 import pytest
 
 import aiocudasem as acs
-from aiocudasem._notifier import statistics
+from aiocudasem.lowlevel import statistics
 from aiocudasem.testing import SimDriver, hold
 from tests.conftest import open_fds
 

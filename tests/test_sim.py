@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from aiocudasem._errors import CudaError, DeviceFaultError
+from aiocudasem import CudaError, DeviceFaultError
 from aiocudasem.lowlevel import Driver, SemaphoreDesc, SemOp
 from aiocudasem.testing import SEEN, SimDriver, SimProducer, frame_word, workloads
 

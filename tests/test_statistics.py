@@ -13,9 +13,9 @@ import anyio.lowlevel
 import pytest
 
 import aiocudasem as acs
-from aiocudasem._notifier import Statistics, statistics
 from aiocudasem._notifier._loop import running_notifier
 from aiocudasem._notifier._watchdog import _watchdog
+from aiocudasem.lowlevel import Statistics, statistics
 from aiocudasem.testing import SimDriver, hold
 
 _PER_LOOP = (

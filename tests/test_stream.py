@@ -57,7 +57,7 @@ async def test_event_wait_and_query(sim: SimDriver) -> None:
 
 
 async def test_many_waiters_on_one_event_share_one_notification(sim: SimDriver) -> None:
-    from aiocudasem._notifier import statistics
+    from aiocudasem.lowlevel import statistics
 
     acs.configure(spin_limit=0)
     try:

@@ -14,7 +14,7 @@ import pytest
 
 import aiocudasem as acs
 from aiocudasem._notifier import side_streams
-from aiocudasem._notifier import statistics as notifier_statistics
+from aiocudasem.lowlevel import statistics as notifier_statistics
 from aiocudasem.testing import SimDriver, hold, import_sim_semaphore
 
 pytestmark = pytest.mark.anyio

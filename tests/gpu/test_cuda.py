@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import aiocudasem as acs
-from aiocudasem._notifier import current_notifier, statistics
+from aiocudasem._notifier import current_notifier
+from aiocudasem.lowlevel import statistics
 from aiocudasem.testing import SEEN, frame_word, workloads
 from aiocudasem.vulkan import VulkanDevice
 from tests.conftest import open_fds
@@ -337,7 +338,7 @@ def test_a_trap_on_another_stream_wakes_waiters_parked_on_a_semaphore(backend: s
 
 
 async def test_demo_on_the_gpu_with_vulkan(cuda: acs.Driver) -> None:
-    from aiocudasem._demo import run_demo
+    from aiocudasem.cli.demo import run_demo
 
     lines: list[str] = []
     result = await run_demo(cuda, frames=120, say=lines.append)
