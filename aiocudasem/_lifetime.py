@@ -36,7 +36,9 @@ if TYPE_CHECKING:
     from types import FrameType, TracebackType
     from typing import Self
 
-__all__ = ("Owned",)
+    from ._driver import Driver
+
+__all__ = ("OnDevice", "Owned")
 
 
 class Owned:
@@ -117,6 +119,24 @@ class Owned:
             await self.aclose()
         else:
             self.close()
+
+
+class OnDevice(Owned):
+    """An owned object of one device of one driver."""
+
+    __slots__ = ("_device", "_driver")
+    _device: int
+    _driver: Driver
+
+    @property
+    def device(self) -> int:
+        """The ordinal of the device it belongs to."""
+        return self._device
+
+    @property
+    def driver(self) -> Driver:
+        """The driver it belongs to."""
+        return self._driver
 
 
 def _collected(release: Callable[[], None] | None, what: str, warn: bool) -> None:

@@ -19,7 +19,7 @@ from . import _release
 from ._driver import Driver, SemaphoreDesc, SemOp, get_driver
 from ._errors import AiocudasemError, CudaError, UnsupportedHandleTypeError
 from ._handles import HandleInfo, HandleType, info
-from ._lifetime import Owned
+from ._lifetime import OnDevice
 from ._notifier import Point, current_notifier, destroy_stream, event_pool, take_event
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def _platform_check(handle_type: HandleType, row: HandleInfo) -> None:
         )
 
 
-class ExternalSemaphore(Owned):
+class ExternalSemaphore(OnDevice):
     """A semaphore created outside CUDA (Vulkan, D3D, NvSciSync, another process) and imported
     into a device. Get one from :func:`import_semaphore`; there is no public constructor.
 
@@ -76,9 +76,7 @@ class ExternalSemaphore(Owned):
     ``ResourceWarning``.
     """
 
-    __slots__ = ("_device", "_driver", "_type")
-    _device: int
-    _driver: Driver
+    __slots__ = ("_type",)
     _type: HandleType
     _factory = "use aiocudasem.import_semaphore() to import an external semaphore"
     _noun = "external semaphore"
@@ -109,15 +107,6 @@ class ExternalSemaphore(Owned):
     @property
     def handle_type(self) -> HandleType:
         return self._type
-
-    @property
-    def device(self) -> int:
-        """The ordinal of the device the semaphore was imported into."""
-        return self._device
-
-    @property
-    def driver(self) -> Driver:
-        return self._driver
 
     @property
     def is_timeline(self) -> bool:

@@ -12,7 +12,7 @@ import anyio.lowlevel
 from . import _release
 from ._driver import Driver
 from ._errors import AiocudasemError, DeviceFaultError, DeviceMismatchError
-from ._lifetime import Owned
+from ._lifetime import OnDevice, Owned
 from ._notifier import Point, current_notifier, destroy_stream, event_pool, take_event
 from ._semaphore import Signal, Wait, check_same_device, resolve_driver
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ("Event", "HandOff", "Stream", "open_stream", "wait_external_semaphores", "wait_stream")
 
 
-class Stream(Owned):
+class Stream(OnDevice):
     """A CUDA stream, owned or borrowed.
 
     Owned streams come from :func:`open_stream` and are destroyed by ``aclose()`` (or
@@ -36,10 +36,8 @@ class Stream(Owned):
     always checkpoints.
     """
 
-    __slots__ = ("_device", "_driver", "_events", "_owned")
-    _device: int
+    __slots__ = ("_events", "_owned")
     _events: list[int]
-    _driver: Driver
     _owned: bool
     _factory = "use aiocudasem.open_stream() or Stream.adopt() to get a Stream"
     _noun = "stream"
@@ -90,14 +88,6 @@ class Stream(Owned):
     def __cuda_stream__(self) -> tuple[int, int]:
         """The cuda.core stream protocol: ``(version, handle)``."""
         return (0, self.handle)
-
-    @property
-    def device(self) -> int:
-        return self._device
-
-    @property
-    def driver(self) -> Driver:
-        return self._driver
 
     @property
     def owned(self) -> bool:
