@@ -6,7 +6,6 @@ import ctypes
 import os
 import sys
 import threading
-import weakref
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Final
@@ -20,7 +19,14 @@ from ._driver import Driver, SemaphoreDesc, SemOp, get_driver
 from ._errors import AiocudasemError, CudaError, UnsupportedHandleTypeError
 from ._handles import HandleInfo, HandleType, info
 from ._lifetime import OnDevice
-from ._notifier import Point, current_notifier, destroy_stream, event_pool, take_event
+from ._notifier import (
+    Point,
+    current_notifier,
+    destroy_stream,
+    event_pool,
+    host_wait_streams,
+    take_event,
+)
 
 if TYPE_CHECKING:
     from typing import Self
@@ -373,46 +379,13 @@ def check_same_device(entries: tuple[Wait | Signal, ...], driver: Driver, device
             )
 
 
-class _HostWaitStreams:
-    """Private streams for host-side semaphore awaits, reused once a wait has completed.
-    A cancelled wait's stream may stay blocked forever, so it is destroyed, not reused."""
-
-    def __init__(self) -> None:
-        self._free: weakref.WeakKeyDictionary[Driver, dict[int, list[int]]] = (
-            weakref.WeakKeyDictionary()
-        )
-
-    def take(self, driver: Driver, device: int) -> int:
-        free = self._free.get(driver, {}).get(device)
-        if free:
-            try:
-                return free.pop()
-            except IndexError:
-                pass
-        return driver.stream_create(device, True, 0)
-
-    def give(self, driver: Driver, device: int, stream: int) -> None:
-        free = self._free.setdefault(driver, {}).setdefault(device, [])
-        if len(free) < 64:
-            free.append(stream)
-        else:
-            destroy_stream(driver, stream)
-
-    def _after_fork(self) -> None:
-        self._free = weakref.WeakKeyDictionary()
-
-
-_host_streams = _HostWaitStreams()
-os.register_at_fork(after_in_child=_host_streams._after_fork)
-
-
 async def _host_wait(entries: list[Wait]) -> None:
     sem = entries[0].semaphore
     drv, device = sem._driver, sem._device
     ops = [e._op() for e in entries]
     await anyio.lowlevel.checkpoint_if_cancelled()
     notifier = current_notifier()
-    stream = _host_streams.take(drv, device)
+    stream = host_wait_streams.take(drv, device)
     done = False
     try:
         drv.enqueue_semaphore_waits(ops, stream)
@@ -427,7 +400,7 @@ async def _host_wait(entries: list[Wait]) -> None:
         done = True
     finally:
         if done:
-            _host_streams.give(drv, device, stream)
+            host_wait_streams.give(drv, device, stream)
         else:
             try:
                 destroy_stream(drv, stream)

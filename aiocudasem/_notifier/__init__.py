@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from ._loop import Notifier, current_notifier
 from ._points import Point
-from ._pools import destroy_stream, event_pool, side_streams, take_event
+from ._pools import destroy_stream, event_pool, host_wait_streams, side_streams, take_event
 from ._statistics import Statistics, statistics
 from ._tuning import Tuning, configure
 
@@ -45,6 +45,7 @@ __all__ = (
     "current_notifier",
     "destroy_stream",
     "event_pool",
+    "host_wait_streams",
     "side_streams",
     "statistics",
     "take_event",

@@ -1,5 +1,6 @@
 """The pools the notifier shares across event loops: timing-free events per driver and device,
-and one side stream per work stream. Both are keyed by the driver object, weakly."""
+one side stream per work stream, and the private streams of host-side semaphore waits. All are
+keyed by the driver object, weakly."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     from .._driver import Driver
 
-__all__ = ("destroy_stream", "event_pool", "side_streams", "take_event")
+__all__ = ("destroy_stream", "event_pool", "host_wait_streams", "side_streams", "take_event")
 
 
 class _EventPool:
@@ -128,8 +129,38 @@ class _SideStreams:
         self._streams = weakref.WeakKeyDictionary()
 
 
+class _HostWaitStreams:
+    """Private streams for host-side semaphore awaits, reused once a wait has completed.
+    A cancelled wait's stream may stay blocked forever, so it is destroyed, not reused."""
+
+    def __init__(self) -> None:
+        self._free: weakref.WeakKeyDictionary[Driver, dict[int, list[int]]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def take(self, driver: Driver, device: int) -> int:
+        free = self._free.get(driver, {}).get(device)
+        if free:
+            try:
+                return free.pop()
+            except IndexError:
+                pass
+        return driver.stream_create(device, True, 0)
+
+    def give(self, driver: Driver, device: int, stream: int) -> None:
+        free = self._free.setdefault(driver, {}).setdefault(device, [])
+        if len(free) < 64:
+            free.append(stream)
+        else:
+            destroy_stream(driver, stream)
+
+    def _after_fork(self) -> None:
+        self._free = weakref.WeakKeyDictionary()
+
+
 event_pool = _EventPool()
 side_streams = _SideStreams()
+host_wait_streams = _HostWaitStreams()
 
 
 def destroy_stream(driver: Driver, handle: int) -> None:
@@ -145,6 +176,7 @@ def _after_fork_in_child() -> None:
     """CUDA cannot be used in a forked child, and the parent's handles mean nothing there."""
     event_pool._after_fork()
     side_streams._after_fork()
+    host_wait_streams._after_fork()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
