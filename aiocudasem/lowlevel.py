@@ -10,8 +10,14 @@ and monitoring.
 - :class:`Tuning` and :func:`configure` set the wait strategy for the whole process.
 - :func:`statistics` returns a frozen :class:`Statistics`: the running loop's notifier and
   the process-wide pools and threads, for monitoring and tests.
-- :data:`HOST_FUNCTION` is the address of the notifier's C host function (a ``CUhostFn``
-  that never takes the GIL), for diagnostics.
+- :data:`HOST_FUNCTION` and :class:`HostNotifier` are the notifier's C core, for code that
+  launches host functions itself: ``user_data = notifier.arm(token)``, then
+  ``driver.launch_host_func(stream, HOST_FUNCTION, user_data)`` (``disarm(user_data)`` if that
+  launch fails). The host function never takes the GIL and never calls CUDA: it appends
+  ``token`` to the notifier's queue and makes ``fileno()`` readable (one write per burst);
+  ``drain()`` returns the tokens that came back. ``close()`` closes the fd at once and is safe
+  with host functions still outstanding. One per event loop; the library's own waits use
+  their own.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from ._notifier import Tuning as Tuning
 from ._notifier import configure as configure
 from ._notifier import statistics as statistics
 from ._notify import HOST_FN
+from ._notify import Notifier as HostNotifier
 
 #: The address of the C host function that reports completions to the event loop.
 HOST_FUNCTION: int = HOST_FN
@@ -35,6 +42,7 @@ HOST_FUNCTION: int = HOST_FN
 __all__ = (
     "DRIVER_ENV",
     "HOST_FUNCTION",
+    "HostNotifier",
     "HANDLE_TYPES",
     "Driver",
     "HandleInfo",

@@ -1,4 +1,4 @@
-"""The C completion notifier (``aiocudasem._notify``), driven directly.
+"""The C completion notifier (``aiocudasem.lowlevel.HostNotifier``), driven directly.
 
 The host function is called here the way the CUDA driver calls it: through its C address, from
 threads that are not the event loop's, with the GIL released (ctypes ``CFUNCTYPE`` foreign calls
@@ -18,12 +18,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from aiocudasem import _notify
-from aiocudasem._notify import Notifier
+from aiocudasem.lowlevel import HOST_FUNCTION
+from aiocudasem.lowlevel import HostNotifier as Notifier
 
 HostFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 #: The C host function, called with the GIL released (a ctypes foreign call).
-host_fn = HostFn(_notify.HOST_FN)
+host_fn = HostFn(HOST_FUNCTION)
 
 TIMEOUT = 10.0  # seconds: the bound on every blocking call, so a bug cannot hang the suite
 
@@ -57,8 +57,8 @@ def notifier() -> Iterator[Notifier]:
 
 
 def test_host_fn_is_a_nonzero_address() -> None:
-    assert isinstance(_notify.HOST_FN, int)
-    assert _notify.HOST_FN != 0
+    assert isinstance(HOST_FUNCTION, int)
+    assert HOST_FUNCTION != 0
 
 
 def test_constructor_takes_no_arguments() -> None:
@@ -402,7 +402,7 @@ def test_host_fn_runs_to_completion_while_another_thread_holds_the_gil() -> None
     fd = n.fileno()
     try:
         user = n.arm(99)
-        rc = _run_in_c_thread_holding_the_gil(_notify.HOST_FN, user, TIMEOUT)
+        rc = _run_in_c_thread_holding_the_gil(HOST_FUNCTION, user, TIMEOUT)
         assert rc == 0, f"pthread_timedjoin_np returned {rc}: the host function needed the GIL"
         assert readable(fd)
         assert n.drain() == [99]
@@ -412,7 +412,7 @@ def test_host_fn_runs_to_completion_while_another_thread_holds_the_gil() -> None
         n.close()
     # The closed path: the fd is gone with close(); the last host function frees the state.
     assert not fd_is_open(fd)
-    assert _run_in_c_thread_holding_the_gil(_notify.HOST_FN, last, TIMEOUT) == 0
+    assert _run_in_c_thread_holding_the_gil(HOST_FUNCTION, last, TIMEOUT) == 0
     assert n.closed
 
 

@@ -276,13 +276,13 @@ def test_host_function_is_called_with_user_data_in_order(sim: Sim) -> None:
 
 
 def test_host_function_runs_the_real_c_notifier(sim: Sim) -> None:
-    from aiocudasem import _notify
+    from aiocudasem.lowlevel import HOST_FUNCTION, HostNotifier
 
     drv, s = sim.drv, sim.stream()
-    n = _notify.Notifier()
+    n = HostNotifier()
     try:
         gate = sim.gate(s)
-        drv.launch_host_func(s, _notify.HOST_FN, n.arm(42))
+        drv.launch_host_func(s, HOST_FUNCTION, n.arm(42))
         assert n.drain() == []
         gate.set()
         sync(drv, s)

@@ -6,10 +6,14 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import importlib.metadata
+import itertools
+from collections.abc import Coroutine
 from typing import Any, ClassVar
 
+import anyio
+
 import aiocudasem as acs
-from aiocudasem.lowlevel import configure
+from aiocudasem.lowlevel import HOST_FUNCTION, HostNotifier, configure
 
 # ---------------------------------------------------------------- approaches
 #
@@ -149,13 +153,53 @@ class AiocudasemParked(Aiocudasem):
     settings: ClassVar[dict[str, Any]] = {"spin_limit": 0}
 
 
-class AiocudasemWorkStream(Aiocudasem):
-    """The notifier's host function launched on the work stream itself instead of a side
-    stream (``configure(wake="work_stream")``): the design the library rejected, kept to show
-    what the side stream buys. Spinning off, so that every wait goes through it."""
+class CHostFnOnWorkStream(Approach):
+    """The library's C host function and eventfd (``aiocudasem.lowlevel.HostNotifier``) with
+    nothing around it, launched on the work stream itself: one host function per await, no
+    side stream, no spinning, no chains. The design the library rejected, kept to show what
+    the side stream buys, and the floor of a host-function notifier in Python."""
 
-    name, label = "c_workstream", "aiocudasem, host function on the work stream (no side stream)"
-    settings: ClassVar[dict[str, Any]] = {"spin_limit": 0, "wake": "work_stream"}
+    name, label = "c_workstream", "C host function + eventfd on the work stream (no library)"
+    asyncio_only = False
+
+    def __init__(self, drv: acs.Driver) -> None:
+        super().__init__(drv)
+        self.notifier: HostNotifier | None = None
+        self.tokens = itertools.count(1)
+        self.pending: set[int] = set()
+        self.lock: anyio.Lock | None = None
+
+    def setup(self) -> None:
+        self.notifier, self.lock = HostNotifier(), anyio.Lock()
+
+    def teardown(self) -> None:
+        if self.notifier is not None:
+            self.notifier.close()
+
+    def enqueue(self, h: int) -> Coroutine[Any, Any, None]:
+        """Launch the host function now; the returned coroutine awaits it."""
+        assert self.notifier is not None
+        token = next(self.tokens)
+        user = self.notifier.arm(token)
+        try:
+            self.drv.launch_host_func(h, HOST_FUNCTION, user)
+        except BaseException:
+            self.notifier.disarm(user)
+            raise
+        self.pending.add(token)
+        return self._reported(token)
+
+    async def _reported(self, token: int) -> None:
+        # Whoever holds the lock reads the fd for everyone; the others find their token gone.
+        assert self.notifier is not None
+        assert self.lock is not None
+        async with self.lock:
+            while token in self.pending:
+                await anyio.wait_readable(self.notifier.fileno())
+                self.pending.difference_update(self.notifier.drain())
+
+    async def wait(self, h: int) -> None:
+        await self.enqueue(h)
 
 
 class CupyHostFunc(Approach):
@@ -257,7 +301,7 @@ ALL = [
     TorchQuery1ms,
     TorchToThread,
     NumbaAsyncDone,
-    AiocudasemWorkStream,
+    CHostFnOnWorkStream,
     AiocudasemParked,
     Aiocudasem,
 ]

@@ -111,31 +111,33 @@ class Bench:
 
     async def stall(self, ap: Approach, busy_s: float = 0.3) -> float:
         """GPU time of 100 x (50 us kernel + notification) on one stream while the loop
-        thread runs pure Python (holding the GIL), timed by CUDA events on that stream."""
+        thread runs pure Python (holding the GIL), timed by CUDA events on that stream.
+
+        Approaches that notify through a host function of their own launch it behind each
+        kernel. aiocudasem's waits (``Event.wait()``, spinning off) start once all kernels are
+        enqueued, park, and arm their notifications while the kernels still run."""
         drv, h = self.drv, self.streams[1]
         start, end = drv.event_create(0, timing=True), drv.event_create(0, timing=True)
         events: list[acs.Event] = []
         saved = configure()
         if isinstance(ap, Aiocudasem):
-            configure(spin_limit=0)  # every await parks: its notification is armed at once
+            configure(spin_limit=0)  # every await parks: its notification is armed
         try:
             drv.stream_synchronize(h)
             pending: list[Any] = []
             drv.event_record(start, h)
-            async with anyio.create_task_group() as tg:
-                for _ in range(100):
-                    self.launch(h, 50_000)
-                    enqueue = getattr(ap, "enqueue", None)
-                    if enqueue is None:
-                        continue
+            enqueue = getattr(ap, "enqueue", None)
+            for _ in range(100):
+                self.launch(h, 50_000)
+                if enqueue is not None:
                     p = enqueue(h)
-                    if isinstance(p, acs.Event):
-                        events.append(p)
-                        tg.start_soon(p.wait)
-                        await anyio.lowlevel.checkpoint()  # the task parks, arming it
-                    else:
-                        pending.append(p)
-                drv.event_record(end, h)
+                    (events if isinstance(p, acs.Event) else pending).append(p)
+            drv.event_record(end, h)
+            async with anyio.create_task_group() as tg:
+                for ev in events:
+                    tg.start_soon(ev.wait)
+                for _ in range(10):  # let them park (each arms at its first turn)
+                    await anyio.lowlevel.checkpoint()
                 t_end = time.perf_counter() + busy_s
                 x = 0
                 while time.perf_counter() < t_end:  # the loop is busy in Python
