@@ -13,7 +13,14 @@ from . import _release
 from ._driver import Driver
 from ._errors import AiocudasemError, DeviceFaultError, DeviceMismatchError
 from ._lifetime import OnDevice, Owned
-from ._notifier import Point, current_notifier, destroy_stream, event_pool, take_event
+from ._notifier import (
+    Point,
+    current_notifier,
+    destroy_stream,
+    event_pool,
+    side_streams,
+    take_event,
+)
 from ._semaphore import Signal, Wait, check_same_device, resolve_driver
 
 if TYPE_CHECKING:
@@ -178,6 +185,14 @@ class Stream(OnDevice):
         the driver frees it once its enqueued work completes, which still runs. A borrowed
         stream is only forgotten."""
         super().close()
+
+    def detach(self) -> int:
+        """Give the stream up without destroying it and return its handle, which is the
+        caller's from now on. The library forgets its side stream for that handle, so that a
+        later stream that CUDA gives the same handle does not inherit it."""
+        handle = super().detach()
+        side_streams.drop(self._driver, handle)
+        return handle
 
     async def aclose(self) -> None:
         """Release the stream. Idempotent, and always a checkpoint.

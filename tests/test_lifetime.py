@@ -200,3 +200,35 @@ def test_dev_mode_names_where_a_forgotten_object_was_created(
         assert site in proc.stderr, proc.stderr
     else:
         assert "created at" not in proc.stderr, proc.stderr  # free outside development mode
+
+
+async def test_detaching_a_stream_forgets_its_side_stream(sim: SimDriver) -> None:
+    from aiocudasem.lowlevel import configure, statistics
+
+    saved = configure()
+    configure(spin_limit=0)  # park, so that the wait gets a side stream
+    try:
+        s = acs.open_stream(driver=sim)
+        gate = hold(s)
+        before = statistics().side_streams
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.wait_complete)
+            with anyio.fail_after(5):
+                while statistics().parked == 0:
+                    await anyio.sleep(0.001)
+            assert statistics().side_streams == before + 1
+            gate.set()
+        handle = s.detach()
+        assert statistics().side_streams == before
+        sim.stream_destroy(handle)  # the caller's to destroy now
+    finally:
+        configure(spin_limit=saved.spin_limit)
+
+
+def test_workloads_refuse_a_driver_they_do_not_know() -> None:
+    from aiocudasem.testing import workloads
+
+    with pytest.raises(TypeError, match="no workloads"):
+        workloads(object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="no workloads"):
+        workloads(1)  # type: ignore[arg-type]

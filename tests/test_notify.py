@@ -1,4 +1,5 @@
-"""The C completion notifier (``aiocudasem.lowlevel.HostNotifier``), driven directly.
+"""The C completion notifier (``aiocudasem._notify``, the core of
+``aiocudasem.lowlevel.HostNotifier``), driven directly.
 
 The host function is called here the way the CUDA driver calls it: through its C address, from
 threads that are not the event loop's, with the GIL released (ctypes ``CFUNCTYPE`` foreign calls
@@ -18,8 +19,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from aiocudasem.lowlevel import HOST_FUNCTION
-from aiocudasem.lowlevel import HostNotifier as Notifier
+from aiocudasem._notify import HOST_FN as HOST_FUNCTION
+from aiocudasem._notify import Notifier
 
 HostFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 #: The C host function, called with the GIL released (a ctypes foreign call).

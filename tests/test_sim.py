@@ -276,7 +276,8 @@ def test_host_function_is_called_with_user_data_in_order(sim: Sim) -> None:
 
 
 def test_host_function_runs_the_real_c_notifier(sim: Sim) -> None:
-    from aiocudasem.lowlevel import HOST_FUNCTION, HostNotifier
+    from aiocudasem._notify import HOST_FN as HOST_FUNCTION
+    from aiocudasem._notify import Notifier as HostNotifier
 
     drv, s = sim.drv, sim.stream()
     n = HostNotifier()

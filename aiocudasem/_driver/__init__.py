@@ -53,7 +53,8 @@ class SemOp:
 class Driver(Protocol):
     """The operations the library needs from a device: devices and their health, streams,
     events, external semaphores and host functions. All calls are synchronous and cheap (they
-    enqueue, query or create); only ``stream_synchronize`` and ``event_synchronize`` block.
+    enqueue, query or create). ``stream_synchronize`` and ``event_synchronize`` block, and so
+    may ``destroy_semaphore``: on an H200 it waited until no stream was blocked on a semaphore.
 
     Work to run on the streams (kernels, pinned memory) is not part of it: the demo, the tests
     and the benchmarks get theirs from ``aiocudasem.testing.workloads()``."""

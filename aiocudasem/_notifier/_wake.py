@@ -14,7 +14,7 @@ function ``_notify.HOST_FN`` with it behind the point's event. A strategy must g
   point;
 - ``launch`` runs on the event loop's thread, once per host function: it must not block.
 
-A new strategy gets a name in ``_tuning.WAKE_CHOICES`` and an entry in :data:`STRATEGIES`.
+A new strategy gets a name in ``_tuning._WAKE_CHOICES`` and an entry in :data:`STRATEGIES`.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class WorkStreamHostFn:
         driver.launch_host_func(work_stream, _notify.HOST_FN, user_data)
 
 
-#: The strategies by the name ``configure(wake=...)`` takes, one per ``_tuning.WAKE_CHOICES``.
+#: The strategies by the name ``configure(wake=...)`` takes, one per ``_tuning._WAKE_CHOICES``.
 STRATEGIES: Final[dict[str, WakeStrategy]] = {
     "side_stream": SideStreamHostFn(),
     "work_stream": WorkStreamHostFn(),

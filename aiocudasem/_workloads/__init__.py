@@ -75,6 +75,11 @@ def workloads(driver: Driver) -> Workloads:
     kernels then load before that wait is enqueued, never lazily behind it
     (docs/lazy-loading.md says why that matters).
     """
+    from .._driver._cuda import CudaDriver
+    from .._driver._sim import SimDriver
+
+    if not isinstance(driver, (SimDriver, CudaDriver)):
+        raise TypeError(f"{driver!r} has no workloads: they exist for the 'cuda' and 'sim' drivers")
     with _lock:
         made = _made.get(driver)
         if made is None:
@@ -83,15 +88,12 @@ def workloads(driver: Driver) -> Workloads:
 
 
 def _new(driver: Driver) -> Workloads:
-    from .._driver._cuda import CudaDriver
     from .._driver._sim import SimDriver
 
     if isinstance(driver, SimDriver):
         from ._sim import SimWorkloads
 
         return SimWorkloads(driver)
-    if isinstance(driver, CudaDriver):
-        from ._cuda import CudaWorkloads
+    from ._cuda import CudaWorkloads
 
-        return CudaWorkloads(driver)
-    raise TypeError(f"the {getattr(driver, 'name', driver)!r} driver has no workloads")
+    return CudaWorkloads(driver)  # type: ignore[arg-type]

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import anyio
 
 import aiocudasem as acs
-from aiocudasem.lowlevel import HOST_FUNCTION, HostNotifier, configure
+from aiocudasem.lowlevel import HostNotifier, configure
 
 # ---------------------------------------------------------------- approaches
 #
@@ -180,12 +180,7 @@ class CHostFnOnWorkStream(Approach):
         """Launch the host function now; the returned coroutine awaits it."""
         assert self.notifier is not None
         token = next(self.tokens)
-        user = self.notifier.arm(token)
-        try:
-            self.drv.launch_host_func(h, HOST_FUNCTION, user)
-        except BaseException:
-            self.notifier.disarm(user)
-            raise
+        self.notifier.launch(self.drv, h, token)
         self.pending.add(token)
         return self._reported(token)
 
