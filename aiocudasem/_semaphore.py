@@ -224,37 +224,7 @@ def import_semaphore(
         raise TypeError(f"device must be an int ordinal, not {type(device).__name__}")
     if device < 0:
         raise ValueError(f"device must be an ordinal >= 0, not {device}")
-    row = info(kind)
-    name_buf: ctypes.Array[ctypes.c_wchar] | None = None
-    if row.passed_as == "fd":
-        if name is not None:
-            raise ValueError(f"{kind.name} takes an fd, not a name")
-        fd = check_uint("fd", handle, 1 << 31)
-        try:
-            os.fstat(fd)
-        except OSError:
-            raise ValueError(f"fd {fd} is not an open file descriptor") from None
-        desc = SemaphoreDesc(int(kind), fd=fd)
-    elif row.passed_as == "nvsci":
-        if name is not None:
-            raise ValueError("NVSCISYNC takes an NvSciSyncObj address, not a name")
-        obj = check_uint("handle", handle, _U64)
-        if obj == 0:
-            raise ValueError("NVSCISYNC needs a non-NULL NvSciSyncObj")
-        desc = SemaphoreDesc(int(kind), nvsci_obj=obj)
-    else:
-        _platform_check(kind, row)
-        if (handle is None) == (name is None):
-            raise ValueError(f"{kind.name} needs exactly one of handle= and name=")
-        if name is not None:
-            if not row.by_name:
-                raise ValueError(f"{kind.name} cannot be opened by name; pass handle=")
-            if not isinstance(name, str) or not name:
-                raise TypeError("name must be a non-empty str")
-            name_buf = ctypes.create_unicode_buffer(name)
-            desc = SemaphoreDesc(int(kind), win32_name=ctypes.addressof(name_buf))
-        else:
-            desc = SemaphoreDesc(int(kind), win32_handle=check_uint("handle", handle, _U64))
+    desc, name_buf = _descriptor(kind, handle, name)
     drv = resolve_driver(driver)
     _release.flush()
     if device >= drv.device_count():
@@ -271,6 +241,41 @@ def import_semaphore(
     finally:
         del name_buf  # the driver copies the name during the call
     return ExternalSemaphore._create(drv, device, sem, kind)
+
+
+def _descriptor(
+    kind: HandleType, handle: int | None, name: str | None
+) -> tuple[SemaphoreDesc, ctypes.Array[ctypes.c_wchar] | None]:
+    """Check ``handle``/``name`` against the handle type's row and build the descriptor. The
+    name buffer, if any, must stay alive until the driver has copied it."""
+    row = info(kind)
+    if row.passed_as == "fd":
+        if name is not None:
+            raise ValueError(f"{kind.name} takes an fd, not a name")
+        fd = check_uint("fd", handle, 1 << 31)
+        try:
+            os.fstat(fd)
+        except OSError:
+            raise ValueError(f"fd {fd} is not an open file descriptor") from None
+        return SemaphoreDesc(int(kind), fd=fd), None
+    if row.passed_as == "nvsci":
+        if name is not None:
+            raise ValueError("NVSCISYNC takes an NvSciSyncObj address, not a name")
+        obj = check_uint("handle", handle, _U64)
+        if obj == 0:
+            raise ValueError("NVSCISYNC needs a non-NULL NvSciSyncObj")
+        return SemaphoreDesc(int(kind), nvsci_obj=obj), None
+    _platform_check(kind, row)
+    if (handle is None) == (name is None):
+        raise ValueError(f"{kind.name} needs exactly one of handle= and name=")
+    if name is None:
+        return SemaphoreDesc(int(kind), win32_handle=check_uint("handle", handle, _U64)), None
+    if not row.by_name:
+        raise ValueError(f"{kind.name} cannot be opened by name; pass handle=")
+    if not isinstance(name, str) or not name:
+        raise TypeError("name must be a non-empty str")
+    name_buf = ctypes.create_unicode_buffer(name)
+    return SemaphoreDesc(int(kind), win32_name=ctypes.addressof(name_buf)), name_buf
 
 
 @dataclass(frozen=True, slots=True)
