@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -105,3 +107,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if item.get_closest_marker("gpu"):
                 item.add_marker(skip)
+
+
+def wait_for_child(pid: int, timeout: float) -> int:
+    """The exit code of forked child ``pid``; kill it and fail the test if it hangs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail(f"the forked child hung for {timeout} s")

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
-import signal
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +17,7 @@ import aiocudasem as acs
 from aiocudasem._notifier import event_pool
 from aiocudasem.lowlevel import statistics
 from aiocudasem.testing import SimDriver, hold, workloads
-from tests.conftest import fd_targets, open_fds, watchdog_events
+from tests.conftest import fd_targets, open_fds, wait_for_child, watchdog_events
 
 BACKENDS = [
     pytest.param("asyncio", {}, id="asyncio"),
@@ -168,18 +166,6 @@ def test_an_event_awaited_by_two_loops_at_once_is_refused(parked: None) -> None:
     s.close()
 
 
-def _wait_for_child(pid: int, timeout: float) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.01)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    pytest.fail(f"the forked child hung for {timeout} s")
-
-
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # 3.12+: fork() with threads
 def test_a_forked_child_gets_a_clear_error_not_a_hang() -> None:
     sim = SimDriver(devices=1)
@@ -226,7 +212,7 @@ def test_a_forked_child_gets_a_clear_error_not_a_hang() -> None:
         except BaseException:
             code = 12
         os._exit(code)
-    assert _wait_for_child(pid, 30) == 0
+    assert wait_for_child(pid, 30) == 0
     s.close()
     anyio.run(sem.aclose)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-import time
 
 import anyio
 import anyio.lowlevel
@@ -17,6 +16,7 @@ from aiocudasem._notifier._loop import running_notifier
 from aiocudasem._notifier._watchdog import _watchdog
 from aiocudasem.lowlevel import Statistics, statistics
 from aiocudasem.testing import SimDriver, hold
+from tests.conftest import wait_for_child
 
 _PER_LOOP = (
     "pending",
@@ -109,18 +109,6 @@ async def test_a_spinning_waiter_is_counted(sim: SimDriver) -> None:
         acs.configure(spin_limit=acs.Tuning().spin_limit)
 
 
-def _wait_for_child(pid: int, timeout: float) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.01)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    pytest.fail(f"the forked child hung for {timeout} s")
-
-
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # 3.12+: fork() with threads
 def test_a_forked_child_starts_with_empty_pools_and_no_watchdog_threads(parked: None) -> None:
     sim = SimDriver(devices=1)
@@ -146,5 +134,5 @@ def test_a_forked_child_starts_with_empty_pools_and_no_watchdog_threads(parked: 
             code = 0 if left == (0, 0, 0) and not _watchdog._sentries else 11
         finally:
             os._exit(code)
-    assert _wait_for_child(pid, 30) == 0
+    assert wait_for_child(pid, 30) == 0
     anyio.run(s.aclose)
