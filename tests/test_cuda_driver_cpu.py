@@ -13,8 +13,8 @@ pytest.importorskip("cuda.bindings._v2.driver")
 from cuda.bindings._v2 import driver as real
 
 from aiocudasem._driver._cuda import CudaDriver
-from aiocudasem._workloads._cuda import CudaWorkloads
 from aiocudasem.lowlevel import SemOp
+from aiocudasem.testing import workloads
 
 
 class _Bindings:
@@ -90,7 +90,7 @@ def _driver(bindings: _Bindings) -> CudaDriver:
 def test_the_workload_kernels_are_loaded_before_the_first_wait_once() -> None:
     b = _Bindings(library_fails=False)
     drv = _driver(b)
-    CudaWorkloads(drv)
+    workloads(drv)
     drv.enqueue_semaphore_waits([SemOp(1, value=1)], 0x5)
     drv.enqueue_semaphore_waits([SemOp(1, value=2)], 0x5)
     assert b.calls == ["library_load_data", "func_load", "func_load", "func_load", "wait", "wait"]
@@ -99,7 +99,7 @@ def test_the_workload_kernels_are_loaded_before_the_first_wait_once() -> None:
 def test_a_kernel_that_cannot_load_does_not_fail_the_users_wait() -> None:
     b = _Bindings(library_fails=True)
     drv = _driver(b)
-    CudaWorkloads(drv)
+    workloads(drv)
     drv.enqueue_semaphore_waits([SemOp(1, value=1)], 0x5)
     drv.enqueue_semaphore_waits([SemOp(1, value=2)], 0x5)
     # Tried once, then the waits went ahead; the kernels' own launch reports the failure.
@@ -111,8 +111,33 @@ def test_workloads_made_after_a_wait_load_their_kernels_at_once() -> None:
     drv = _driver(b)
     drv.enqueue_semaphore_waits([SemOp(1, value=1)], 0x5)
     assert b.calls == ["wait"]  # no workloads yet: nothing to load
-    CudaWorkloads(drv)
+    workloads(drv)
     assert b.calls == ["wait", "library_load_data", "func_load", "func_load", "func_load"]
     drv.enqueue_semaphore_waits([SemOp(1, value=2)], 0x5)
     assert b.calls[-1] == "wait"
     assert b.calls.count("library_load_data") == 1
+
+
+def test_workloads_that_cannot_load_after_a_wait_are_still_made_once() -> None:
+    b = _Bindings(library_fails=True)
+    drv = _driver(b)
+    drv.enqueue_semaphore_waits([SemOp(1, value=1)], 0x5)
+    first = workloads(drv)  # the catch-up load fails: best effort, no exception
+    assert workloads(drv) is first
+    assert len(drv._first_wait_hooks) == 1  # one hook, however often they are asked for
+    assert b.calls.count("library_load_data") == 1
+
+
+def test_a_hook_that_fails_with_any_error_does_not_fail_the_wait() -> None:
+    b = _Bindings(library_fails=False)
+    drv = _driver(b)
+    ran: list[str] = []
+
+    def broken(ordinal: int) -> None:
+        raise RuntimeError("libnvrtc.so not found")
+
+    drv._before_first_wait(broken)
+    drv._before_first_wait(lambda ordinal: ran.append("second"))
+    drv.enqueue_semaphore_waits([SemOp(1, value=1)], 0x5)
+    assert b.calls == ["wait"]  # the user's wait went ahead
+    assert ran == ["second"]  # and the other hooks ran

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
 import numpy as np
 
 from .._errors import STICKY_STATUSES, CudaError, DeviceFaultError, DeviceMismatchError
-from .._handles import info
+from .._handles import lookup
 from . import forked_error, track, unavailable
 
 if TYPE_CHECKING:
@@ -101,23 +101,31 @@ class CudaDriver:
         except self._DriverError as exc:
             self._fail(exc, what)
 
-    def _before_first_wait(self, hook: Callable[[int], object]) -> None:
+    def _before_first_wait(self, hook: Callable[[int], object]) -> list[int]:
         """Call ``hook(ordinal)`` before each device's first semaphore wait, with that
-        device's context current, and now for the devices that have had one. Module loads go
-        here: loading a module waits until no stream of the context is blocked, so one that
-        runs behind a wait on a semaphore signalled afterwards never returns (seen on an H200
-        under lazy loading; docs/lazy-loading.md). The workloads load their kernels this way."""
+        device's context current. Module loads go here: loading a module waits until no stream
+        of the context is blocked, so one that runs behind a wait on a semaphore signalled
+        afterwards never returns (seen on an H200 under lazy loading; docs/lazy-loading.md).
+        The workloads load their kernels this way.
+
+        Returns the devices that have had their first wait already: the caller runs its hook
+        for them itself (:meth:`_run_hook`)."""
         with self._lock:
             self._first_wait_hooks.append(hook)
-            waited = sorted(self._waited)
-        for ordinal in waited:
+            return sorted(self._waited)
+
+    def _run_hook(self, hook: Callable[[int], object], ordinal: int) -> None:
+        """``hook(ordinal)`` with the device's context current. Best effort: a user's wait
+        must not fail because a hook could not load its kernels; the kernels' own first launch
+        reports that."""
+        try:
             self._use(ordinal)
             hook(ordinal)
+        except Exception:
+            pass
 
     def _first_wait(self, stream: int) -> None:
-        """Run the first-wait hooks for ``stream``'s device, once per device. Best effort: a
-        user's wait must not fail because a hook could not load its kernels; the kernels' own
-        first launch reports that."""
+        """Run the first-wait hooks for ``stream``'s device, once per device."""
         try:
             ordinal = self.stream_device(stream)  # also makes the context current
         except CudaError:
@@ -128,10 +136,7 @@ class CudaDriver:
             self._waited.add(ordinal)
             hooks = list(self._first_wait_hooks)
         for hook in hooks:
-            try:
-                hook(ordinal)
-            except CudaError:
-                pass
+            self._run_hook(hook, ordinal)
 
     def _use(self, ordinal: int) -> int:
         """Make ``ordinal``'s primary context current on this thread; return it."""
@@ -302,7 +307,8 @@ class CudaDriver:
         self._use(ordinal)
         raw = d.ExternalSemaphoreHandleDesc_v1()
         raw.type = desc.handle_type
-        passed_as = info(desc.handle_type).passed_as
+        row = lookup(desc.handle_type)
+        passed_as = row.passed_as if row is not None else "win32"  # the driver refuses it
         if passed_as == "fd":
             raw.handle.fd = desc.fd
         elif passed_as == "nvsci":

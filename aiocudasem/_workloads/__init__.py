@@ -8,6 +8,7 @@ them through :mod:`aiocudasem.testing`.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -16,6 +17,8 @@ import numpy as np
 
 if TYPE_CHECKING:
     from .._driver import Driver
+    from ._cuda import CudaWorkloads
+    from ._sim import SimWorkloads
 
 __all__ = ("SEEN", "Workloads", "frame_word", "frame_words", "workloads")
 
@@ -64,7 +67,18 @@ class Workloads(Protocol):
 
 
 _lock = threading.Lock()
-_made: weakref.WeakKeyDictionary[Driver, Workloads] = weakref.WeakKeyDictionary()
+_made: weakref.WeakKeyDictionary[Driver, SimWorkloads | CudaWorkloads] = weakref.WeakKeyDictionary()
+
+
+def _after_fork_in_child() -> None:
+    # A fork while another thread held the lock must not leave it held in the child; the
+    # parent's drivers refuse every call there anyway.
+    global _lock, _made
+    _lock = threading.Lock()
+    _made = weakref.WeakKeyDictionary()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def workloads(driver: Driver) -> Workloads:
@@ -82,12 +96,14 @@ def workloads(driver: Driver) -> Workloads:
         raise TypeError(f"{driver!r} has no workloads: they exist for the 'cuda' and 'sim' drivers")
     with _lock:
         made = _made.get(driver)
-        if made is None:
-            made = _made[driver] = _new(driver)
-        return made
+        if made is not None:
+            return made
+        made = _made[driver] = _new(driver)  # cheap: loads nothing
+    made._attach()  # may load kernels: outside the table's lock
+    return made
 
 
-def _new(driver: Driver) -> Workloads:
+def _new(driver: Driver) -> SimWorkloads | CudaWorkloads:
     from .._driver._sim import SimDriver
 
     if isinstance(driver, SimDriver):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -33,10 +34,26 @@ class CudaWorkloads:
     driver's bindings and error translation, which is why it lives beside no other driver."""
 
     def __init__(self, driver: CudaDriver) -> None:
-        self._driver = driver
+        # The driver keeps the workloads (through its hook); they keep it only weakly, so that
+        # a driver given workloads can still be collected.
+        self._ref = weakref.ref(driver)
         self._kernels: dict[int, dict[str, int]] = {}  # ordinal -> kernel name -> CUkernel
         self._lock = threading.Lock()
-        driver._before_first_wait(self._load)
+        self._catch_up = driver._before_first_wait(self._load)
+
+    def _attach(self) -> None:
+        """Load the kernels for the devices that had their first wait before these workloads
+        existed. Called once, outside the workloads table's lock."""
+        drv, catch_up, self._catch_up = self._driver, self._catch_up, []
+        for ordinal in catch_up:
+            drv._run_hook(self._load, ordinal)
+
+    @property
+    def _driver(self) -> CudaDriver:
+        drv = self._ref()
+        if drv is None:
+            raise ReferenceError("the workloads' driver was collected")
+        return drv
 
     @property
     def driver(self) -> CudaDriver:

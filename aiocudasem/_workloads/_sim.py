@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import ctypes
-import threading
 import time
+import weakref
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,9 +25,18 @@ class _Trap(Exception):
 
 class SimWorkloads:
     def __init__(self, driver: SimDriver) -> None:
-        self._driver = driver
+        self._ref = weakref.ref(driver)  # weakly: a driver given workloads can be collected
         self._pinned: dict[int, ctypes.Array[ctypes.c_char]] = {}
-        self._lock = threading.Lock()
+
+    def _attach(self) -> None:
+        pass
+
+    @property
+    def _driver(self) -> SimDriver:
+        drv = self._ref()
+        if drv is None:
+            raise ReferenceError("the workloads' driver was collected")
+        return drv
 
     @property
     def driver(self) -> SimDriver:
@@ -38,12 +47,12 @@ class SimWorkloads:
             raise ValueError("nbytes must be a positive int")
         buf = (ctypes.c_char * nbytes)()
         ptr = ctypes.addressof(buf)
-        with self._lock:
+        with self._driver._lock:  # after fork() it refuses, as every simulated call does
             self._pinned[ptr] = buf
         return ptr
 
     def free_pinned(self, ptr: int) -> None:
-        with self._lock:
+        with self._driver._lock:
             if self._pinned.pop(ptr, None) is None:
                 raise CudaError(
                     "cuMemFreeHost failed: CUDA_ERROR_INVALID_VALUE (1) [simulated]",
