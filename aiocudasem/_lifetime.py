@@ -101,9 +101,9 @@ class Owned:
         """Give the handle up without releasing it and return it: from now on it is the
         caller's to release, or to leak on purpose (a semaphore that a GPU wait that never
         completes still uses cannot be destroyed). Raises ``ClosedResourceError`` if closed."""
-        handle = self.handle
-        self._finalizer.detach()
-        return handle
+        if self._finalizer.detach() is None:  # atomic: a concurrent close() gets nothing
+            raise anyio.ClosedResourceError(f"the {self._noun} is closed")
+        return self._handle
 
     async def __aenter__(self) -> Self:
         self.handle  # noqa: B018 - raises ClosedResourceError once closed
@@ -148,10 +148,15 @@ def _collected(release: Callable[[], None] | None, what: str, warn: bool) -> Non
         _release.defer(release, what)
 
 
+def _in_library(module: str) -> bool:
+    # The command line is the library's user, not the library.
+    return module.startswith("aiocudasem.") and not module.startswith("aiocudasem.cli")
+
+
 def _caller() -> str:
     """The first frame outside the library: where the user created the object."""
     frame: FrameType | None = sys._getframe(2)
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("aiocudasem."):
+    while frame is not None and _in_library(frame.f_globals.get("__name__", "")):
         frame = frame.f_back
     if frame is None:
         return "an unknown place"

@@ -136,16 +136,24 @@ class ExternalSemaphore(OnDevice):
         in a worker thread and this waits for it without blocking the event loop. Cancelling
         abandons that wait; the semaphore is still destroyed once the device allows it.
         """
-        if self._finalizer.detach() is not None:
-            await anyio.to_thread.run_sync(
-                _release.release,
-                partial(self._driver.destroy_semaphore, self._handle),
-                self._describe(),
-                False,
-                abandon_on_cancel=True,
-            )
-        else:
+        if self._finalizer.detach() is None:
             await anyio.lowlevel.checkpoint()
+            return
+        # Exactly one of the worker and the cancellation path below destroys it: a wait that
+        # is cancelled before its worker thread starts must not leak the semaphore.
+        claim = threading.Lock()
+        destroy = partial(self._driver.destroy_semaphore, self._handle)
+
+        def in_worker() -> None:
+            if claim.acquire(blocking=False):
+                _release.release(destroy, self._describe(), False)
+
+        try:
+            await anyio.to_thread.run_sync(in_worker, abandon_on_cancel=True)
+        except BaseException:
+            if claim.acquire(blocking=False):
+                _destroy_in_thread(self._driver, self._handle)
+            raise
 
     # -------------------------------------------------------------- host-side awaits
 

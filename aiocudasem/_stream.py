@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -191,7 +192,8 @@ class Stream(OnDevice):
         caller's from now on. The library forgets its side stream for that handle, so that a
         later stream that CUDA gives the same handle does not inherit it."""
         handle = super().detach()
-        side_streams.drop(self._driver, handle)
+        with contextlib.suppress(AiocudasemError):  # a faulted context took it already
+            side_streams.drop(self._driver, handle)
         return handle
 
     async def aclose(self) -> None:

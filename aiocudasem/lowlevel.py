@@ -23,6 +23,7 @@ from ._driver import Driver as Driver
 from ._driver import SemaphoreDesc as SemaphoreDesc
 from ._driver import SemOp as SemOp
 from ._driver import get_driver as get_driver
+from ._errors import AiocudasemError as _AiocudasemError
 from ._handles import HANDLE_TYPES as HANDLE_TYPES
 from ._handles import HandleInfo as HandleInfo
 from ._notifier import Statistics as Statistics
@@ -63,11 +64,15 @@ class HostNotifier:
 
     def launch(self, driver: Driver, stream: int, token: int) -> None:
         """Enqueue the host function on ``stream`` (a driver handle). ``token`` is an int in
-        [0, 2**64). Raises what the driver raises, with nothing left armed."""
+        [0, 2**64). If the driver refuses (an :class:`~aiocudasem.AiocudasemError`), nothing
+        stays armed. Any other exception may come after the driver enqueued the host
+        function, so its queue node is left armed (and leaks) rather than freed under it."""
+        if isinstance(stream, bool) or not isinstance(stream, int):
+            raise TypeError(f"stream must be a driver handle (int), not {type(stream).__name__}")
         user = self._c.arm(token)
         try:
             driver.launch_host_func(stream, _HOST_FN, user)
-        except BaseException:
+        except _AiocudasemError:
             self._c.disarm(user)
             raise
 

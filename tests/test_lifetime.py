@@ -6,6 +6,7 @@ import gc
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,24 @@ async def test_async_with_closes_and_refuses_a_closed_object(
             pytest.fail("entered a closed object")  # pragma: no cover
 
 
+async def test_a_semaphore_aclose_cancelled_at_once_still_destroys_it(
+    sim: SimDriver, work: acs.Stream
+) -> None:
+    sem, _ = import_sim_semaphore(sim)
+    handle = sem.handle
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await sem.aclose()  # cancelled before its worker thread could start
+    assert sem.closed
+    with anyio.fail_after(5):
+        while True:  # destroyed all the same, by a worker thread
+            try:
+                _signal(sim, handle, work)
+            except acs.CudaError:
+                break
+            await anyio.sleep(0.001)
+
+
 @pytest.mark.parametrize("make", OWNED)
 async def test_aclose_is_a_checkpoint(sim: SimDriver, work: acs.Stream, make: Make) -> None:
     obj = make(sim, work)
@@ -119,12 +138,17 @@ async def test_detach_hands_the_handle_over_without_releasing_it(
     use(sim, handle, work)  # the driver still has it: it is the caller's now
 
 
-async def test_closing_a_stream_does_not_wait_for_its_work(sim: SimDriver) -> None:
+def test_closing_a_stream_does_not_wait_for_its_work(sim: SimDriver) -> None:
     s = acs.open_stream(driver=sim)
     gate = hold(s)
-    s.close()  # returns at once; the gated work still completes on the device
-    assert s.closed
-    gate.set()
+    done = threading.Event()
+    closer = threading.Thread(target=lambda: (s.close(), done.set()), daemon=True)
+    closer.start()
+    try:
+        assert done.wait(5), "close() waited for the stream's work"
+        assert s.closed
+    finally:
+        gate.set()  # the gated work still completes on the device
 
 
 async def test_closing_a_semaphore_destroys_it_off_the_calling_thread(
@@ -232,3 +256,54 @@ def test_workloads_refuse_a_driver_they_do_not_know() -> None:
         workloads(object())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="no workloads"):
         workloads(1)  # type: ignore[arg-type]
+
+
+def test_workloads_do_not_keep_their_driver_alive() -> None:
+    import weakref
+
+    from aiocudasem.testing import workloads
+
+    drv = SimDriver()
+    w = workloads(drv)
+    ptr = w.alloc_pinned(64)
+    w.free_pinned(ptr)
+    ref = weakref.ref(drv)
+    del drv, w
+    gc.collect()
+    assert ref() is None
+
+
+def test_a_fork_while_workloads_are_being_made_does_not_hang_the_child() -> None:
+    import os
+
+    from aiocudasem import _workloads
+    from aiocudasem.testing import workloads
+    from tests.conftest import wait_for_child
+
+    with _workloads._lock:  # another thread in the middle of workloads() at the fork
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 1
+            try:
+                fresh = SimDriver()
+                w = workloads(fresh)
+                w.free_pinned(w.alloc_pinned(16))
+                code = 0
+            finally:
+                os._exit(code)
+    assert wait_for_child(pid, 30) == 0
+
+
+async def test_detach_returns_the_handle_even_if_the_side_stream_cannot_be_dropped(
+    sim: SimDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiocudasem._notifier import side_streams
+
+    def faulted(driver: object, handle: int) -> None:
+        raise acs.DeviceFaultError("gone", 700, "CUDA_ERROR_ILLEGAL_ADDRESS")
+
+    s = acs.open_stream(driver=sim)
+    monkeypatch.setattr(side_streams, "drop", faulted)
+    handle = s.detach()
+    assert s.closed
+    sim.stream_destroy(handle)  # it was returned, and is still the driver's stream

@@ -238,7 +238,9 @@ class Notifier:
             self._advance((drv, point.stream))  # the others still need a host function
             return
         except BaseException:
-            self._c.disarm(user)
+            # Not the driver's refusal (KeyboardInterrupt, say): the host function may have
+            # been enqueued already, and freeing its node would let it write freed memory.
+            # Leave the node armed; at worst it leaks.
             raise
         point.token = token
         self._armed[token] = point
