@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import enum
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Final, Literal
 
-__all__ = ("HANDLE_TYPES", "HandleInfo", "HandleType", "info")
+__all__ = ("HANDLE_TYPES", "HandleInfo", "HandleType", "info", "lookup")
 
 
 class HandleType(enum.IntEnum):
@@ -60,21 +62,32 @@ class HandleInfo:
         return platform is None or sys.platform == platform
 
 
-HANDLE_TYPES: Final[dict[HandleType, HandleInfo]] = {
-    HandleType.OPAQUE_FD: HandleInfo("fd", "binary"),
-    HandleType.OPAQUE_WIN32: HandleInfo("win32", "binary", by_name=True),
-    HandleType.OPAQUE_WIN32_KMT: HandleInfo("win32", "binary"),
-    HandleType.D3D12_FENCE: HandleInfo("win32", "fence", by_name=True),
-    HandleType.D3D11_FENCE: HandleInfo("win32", "fence", by_name=True),
-    HandleType.NVSCISYNC: HandleInfo("nvsci", "nvscisync"),
-    HandleType.D3D11_KEYED_MUTEX: HandleInfo("win32", "keyed_mutex", by_name=True),
-    HandleType.D3D11_KEYED_MUTEX_KMT: HandleInfo("win32", "keyed_mutex"),
-    HandleType.TIMELINE_SEMAPHORE_FD: HandleInfo("fd", "fence"),
-    HandleType.TIMELINE_SEMAPHORE_WIN32: HandleInfo("win32", "fence", by_name=True),
-}
+HANDLE_TYPES: Final[Mapping[HandleType, HandleInfo]] = MappingProxyType(
+    {
+        HandleType.OPAQUE_FD: HandleInfo("fd", "binary"),
+        HandleType.OPAQUE_WIN32: HandleInfo("win32", "binary", by_name=True),
+        HandleType.OPAQUE_WIN32_KMT: HandleInfo("win32", "binary"),
+        HandleType.D3D12_FENCE: HandleInfo("win32", "fence", by_name=True),
+        HandleType.D3D11_FENCE: HandleInfo("win32", "fence", by_name=True),
+        HandleType.NVSCISYNC: HandleInfo("nvsci", "nvscisync"),
+        HandleType.D3D11_KEYED_MUTEX: HandleInfo("win32", "keyed_mutex", by_name=True),
+        HandleType.D3D11_KEYED_MUTEX_KMT: HandleInfo("win32", "keyed_mutex"),
+        HandleType.TIMELINE_SEMAPHORE_FD: HandleInfo("fd", "fence"),
+        HandleType.TIMELINE_SEMAPHORE_WIN32: HandleInfo("win32", "fence", by_name=True),
+    }
+)
 
 
 def info(handle_type: int) -> HandleInfo:
     """The row of ``handle_type`` (a :class:`HandleType` or its int value). Raises
     ``ValueError`` for a value that is not a handle type."""
     return HANDLE_TYPES[HandleType(handle_type)]
+
+
+def lookup(handle_type: int) -> HandleInfo | None:
+    """The row of ``handle_type``, or None for a value that is not a handle type (a driver
+    reports that as the real driver would, not as ``ValueError``)."""
+    try:
+        return HANDLE_TYPES[HandleType(handle_type)]
+    except (ValueError, KeyError):
+        return None

@@ -1063,3 +1063,15 @@ def test_launch_check_frame_rejects_bad_word_counts(sim: Sim, words: int) -> Non
     with pytest.raises(ValueError, match="words"):
         workloads(drv).launch_check_frame(s, 0, words, 0, 0)
     assert drv.stream_query(s)  # nothing enqueued
+
+
+def test_an_unknown_handle_type_is_refused_as_the_driver_would() -> None:
+    drv = SimDriver()
+    producer = drv.create_semaphore()
+    fd = producer.export_fd()
+    try:
+        with pytest.raises(CudaError) as err:
+            drv.import_semaphore(0, SemaphoreDesc(99, fd=fd))
+        assert err.value.status == 801  # CUDA_ERROR_NOT_SUPPORTED
+    finally:
+        os.close(fd)

@@ -24,7 +24,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Final
 
 from .._errors import STICKY_STATUSES, CudaError, DeviceFaultError
-from .._handles import info
+from .._handles import lookup
 from . import forked_error, track
 
 if TYPE_CHECKING:
@@ -457,7 +457,8 @@ class SimDriver:
     def import_semaphore(self, ordinal: int, desc: SemaphoreDesc) -> int:
         with self._lock:
             self._check_device(ordinal, "cuImportExternalSemaphore")
-            if info(desc.handle_type).passed_as != "fd":
+            row = lookup(desc.handle_type)
+            if row is None or row.passed_as != "fd":
                 # The simulated platform, like Linux on a discrete GPU, has only fd handles.
                 raise _error(_NOT_SUPPORTED, "cuImportExternalSemaphore")
             sem = self._exports.get(desc.fd)
@@ -467,7 +468,7 @@ class SimDriver:
                 os.fstat(desc.fd)
             except OSError:
                 raise _error(_INVALID_VALUE, "cuImportExternalSemaphore") from None
-            if sem.binary != (info(desc.handle_type).sync == "binary"):
+            if sem.binary != (row.sync == "binary"):
                 raise _error(_INVALID_VALUE, "cuImportExternalSemaphore")
             # Success: the driver owns the fd now, and closes it.
             del self._exports[desc.fd]

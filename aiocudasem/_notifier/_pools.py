@@ -36,11 +36,11 @@ class _EventPool:
     def total(self) -> int:
         """How many events are pooled, across drivers and devices."""
         while True:
-            try:
+            try:  # another thread may add a driver or a device meanwhile: then look again
                 per_driver = list(self._free.values())
-            except RuntimeError:  # another thread added a driver meanwhile: look again
+                return sum(len(free) for d in per_driver for free in list(d.values()))
+            except RuntimeError:
                 continue
-            return sum(len(free) for per_device in per_driver for free in per_device.values())
 
     def _after_fork(self) -> None:
         # The parent's handles mean nothing here; lists already handed out keep theirs, and

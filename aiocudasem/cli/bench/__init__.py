@@ -51,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         help="where results.json, performance.md and latency.png go (default: bench-out)",
     )
     p.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
-    p.add_argument("--only", default="", help="comma-separated approach names")
+    p.add_argument(
+        "--only", default="", help="comma-separated approach names (sync, the floor, is always run)"
+    )
     p.add_argument(
         "--devices",
         type=int,
@@ -68,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     b = Bench(drv, ns.quick or sim, ns.devices)
     only = {x for x in ns.only.split(",") if x}
+    if only:
+        only.add("sync")  # the floor every figure is compared with
     aps = [cls(drv) for cls in ALL if not only or cls.name in only]
 
     async def go_asyncio() -> None:

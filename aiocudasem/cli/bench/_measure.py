@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import resource
 import statistics
@@ -115,16 +116,18 @@ class Bench:
 
         Approaches that notify through a host function of their own launch it behind each
         kernel. aiocudasem's waits (``Event.wait()``, spinning off) start once all kernels are
-        enqueued, park, and arm their notifications while the kernels still run."""
+        enqueued and park while the kernels still run; as in any crowd on one stream, only the
+        oldest has a host function (on the side stream), and the chain advances once the loop
+        is free again."""
         drv, h = self.drv, self.streams[1]
         start, end = drv.event_create(0, timing=True), drv.event_create(0, timing=True)
         events: list[acs.Event] = []
+        pending: list[Any] = []
         saved = configure()
         if isinstance(ap, Aiocudasem):
             configure(spin_limit=0)  # every await parks: its notification is armed
         try:
             drv.stream_synchronize(h)
-            pending: list[Any] = []
             drv.event_record(start, h)
             enqueue = getattr(ap, "enqueue", None)
             for _ in range(100):
@@ -142,11 +145,14 @@ class Bench:
                 x = 0
                 while time.perf_counter() < t_end:  # the loop is busy in Python
                     x += 1
-                for p in pending:
-                    await p
+                while pending:
+                    await pending.pop(0)
             drv.stream_synchronize(h)
             return drv.event_elapsed_ms(start, end) * 1e3
         finally:
+            for p in pending:  # not awaited after a failure: no "never awaited" warning
+                if inspect.iscoroutine(p):
+                    p.close()
             configure(spin_limit=saved.spin_limit)
             for ev in events:
                 ev.close()
