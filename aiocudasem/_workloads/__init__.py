@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -20,7 +20,9 @@ if TYPE_CHECKING:
     from ._cuda import CudaWorkloads
     from ._sim import SimWorkloads
 
-__all__ = ("SEEN", "Workloads", "frame_word", "frame_words", "workloads")
+__all__ = ("SEEN", "WeakDriver", "Workloads", "frame_word", "frame_words", "workloads")
+
+_D = TypeVar("_D")
 
 #: What one check of an intact frame adds to its ``out`` slot (``words`` stays below it).
 SEEN = 0x10000
@@ -64,6 +66,29 @@ class Workloads(Protocol):
     def launch_trap(self, stream: int) -> None:
         """Enqueue a kernel that traps, faulting the device's context."""
         ...
+
+
+class WeakDriver(Generic[_D]):
+    """The part every workloads class shares: the driver, held weakly. The driver keeps its
+    workloads (in the table below, and the CUDA driver through its first-wait hook); they keep
+    it only weakly, so that a driver given workloads can still be collected."""
+
+    def __init__(self, driver: _D) -> None:
+        self._ref = weakref.ref(driver)
+
+    def _attach(self) -> None:
+        """Called once by :func:`workloads`, outside its table's lock."""
+
+    @property
+    def _driver(self) -> _D:
+        drv = self._ref()
+        if drv is None:
+            raise ReferenceError("the workloads' driver was collected")
+        return drv
+
+    @property
+    def driver(self) -> _D:
+        return self._driver
 
 
 _lock = threading.Lock()

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from .._errors import CudaError
-from . import SEEN
+from . import SEEN, WeakDriver
 
 if TYPE_CHECKING:
     from .._driver._cuda import CudaDriver
@@ -29,14 +28,12 @@ _NO_BINARY_FOR_GPU: Final = frozenset({209, 218, 222})
 _KERNELS: Final = Path(__file__).resolve().parent / "kernels"
 
 
-class CudaWorkloads:
+class CudaWorkloads(WeakDriver["CudaDriver"]):
     """The workload kernels and pinned memory of one :class:`CudaDriver`. It reaches into the
     driver's bindings and error translation, which is why it lives beside no other driver."""
 
     def __init__(self, driver: CudaDriver) -> None:
-        # The driver keeps the workloads (through its hook); they keep it only weakly, so that
-        # a driver given workloads can still be collected.
-        self._ref = weakref.ref(driver)
+        super().__init__(driver)
         self._kernels: dict[int, dict[str, int]] = {}  # ordinal -> kernel name -> CUkernel
         self._lock = threading.Lock()
         self._catch_up = driver._before_first_wait(self._load)
@@ -47,17 +44,6 @@ class CudaWorkloads:
         drv, catch_up, self._catch_up = self._driver, self._catch_up, []
         for ordinal in catch_up:
             drv._run_hook(self._load, ordinal)
-
-    @property
-    def _driver(self) -> CudaDriver:
-        drv = self._ref()
-        if drv is None:
-            raise ReferenceError("the workloads' driver was collected")
-        return drv
-
-    @property
-    def driver(self) -> CudaDriver:
-        return self._driver
 
     def alloc_pinned(self, nbytes: int) -> int:
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import ctypes
 import time
-import weakref
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .._errors import CudaError
-from . import SEEN, frame_words
+from . import SEEN, WeakDriver, frame_words
 
 if TYPE_CHECKING:
     from .._driver._sim import SimDriver
@@ -23,24 +22,10 @@ class _Trap(Exception):
     """Raised by the simulated trap kernel: the simulator faults the context for it."""
 
 
-class SimWorkloads:
+class SimWorkloads(WeakDriver["SimDriver"]):
     def __init__(self, driver: SimDriver) -> None:
-        self._ref = weakref.ref(driver)  # weakly: a driver given workloads can be collected
+        super().__init__(driver)
         self._pinned: dict[int, ctypes.Array[ctypes.c_char]] = {}
-
-    def _attach(self) -> None:
-        pass
-
-    @property
-    def _driver(self) -> SimDriver:
-        drv = self._ref()
-        if drv is None:
-            raise ReferenceError("the workloads' driver was collected")
-        return drv
-
-    @property
-    def driver(self) -> SimDriver:
-        return self._driver
 
     def alloc_pinned(self, nbytes: int) -> int:
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
