@@ -21,6 +21,7 @@ import os
 import platform
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -29,10 +30,10 @@ import aiocudasem as acs
 from ._approaches import ALL
 from ._common import say
 from ._measure import Bench, run_asyncio, run_trio
-from ._report import gpu_info, markdown, plot, versions
+from ._report import commit, gpu_info, markdown, plot, summarize, versions
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="aiocudasem bench",
         description=__doc__,
@@ -52,6 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
     p.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="interleaved rounds of every measurement (default: 5; 1 with --quick)",
+    )
+    p.add_argument(
         "--only", default="", help="comma-separated approach names (sync, the floor, is always run)"
     )
     p.add_argument(
@@ -60,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="also measure 8-stream throughput with the streams dealt over this many devices",
     )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
     ns = p.parse_args(argv)
     drv = acs.get_driver(ns.driver)
     if not 1 <= ns.devices <= drv.device_count():
@@ -68,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     say(
         f"benchmarks on {'the SIMULATED device' if sim else drv.device_name(0)} (driver {drv.name})"
     )
+    repeats = ns.repeats if ns.repeats is not None else (1 if ns.quick else 5)
+    if not 1 <= repeats <= 100:
+        p.error("--repeats must be in [1, 100]")
     b = Bench(drv, ns.quick or sim, ns.devices)
     only = {x for x in ns.only.split(",") if x}
     if only:
@@ -75,30 +90,44 @@ def main(argv: list[str] | None = None) -> int:
     aps = [cls(drv) for cls in ALL if not only or cls.name in only]
 
     async def go_asyncio() -> None:
-        await run_asyncio(b, aps)
+        await run_asyncio(b, aps, repeats)
 
-    say("asyncio:")
+    say(f"asyncio: {len(aps)} approaches, {repeats} interleaved round(s)")
     anyio.run(go_asyncio, backend="asyncio")
     gc.collect()
-    say("trio:")
-    anyio.run(run_trio, b, backend="trio")
-    meta = {
+    say(f"trio: 4 approaches, {repeats} interleaved round(s)")
+    anyio.run(run_trio, b, repeats, backend="trio")
+    write(ns.out, b.results, _meta(drv, ns.devices, repeats))
+    return 0
+
+
+def _meta(drv: acs.Driver, devices: int, repeats: int) -> dict[str, Any]:
+    return {
         "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "simulated": sim,
+        "simulated": drv.simulated,
         "gpu": gpu_info(drv),
         "host": f"{platform.machine()}, {os.cpu_count()} CPUs",
-        "devices": ns.devices,
+        "devices": devices,
+        "repeats": repeats,
+        "commit": commit(),
         "versions": versions(),
     }
-    ns.out.mkdir(parents=True, exist_ok=True)
-    (ns.out / "results.json").write_text(json.dumps({"meta": meta, "results": b.results}))
-    plotted = plot(b.results, ns.out / "latency.png", sim)
-    (ns.out / "performance.md").write_text(markdown(b.results, meta, plotted))
-    say(f"wrote {ns.out / 'results.json'}, performance.md" + (", latency.png" if plotted else ""))
+
+
+def write(out: Path, results: dict[str, Any], meta: dict[str, Any]) -> None:
+    """results.json (every run and the summary), performance.md and, if it can, latency.png."""
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {n: summarize(e) for n, e in results.items() if n != "trio"}
+    summary["trio"] = {n: summarize(e) for n, e in results.get("trio", {}).items()}
+    (out / "results.json").write_text(
+        json.dumps({"meta": meta, "summary": summary, "results": results})
+    )
+    plotted = plot(results, out / "latency.png", meta["simulated"])
+    (out / "performance.md").write_text(markdown(results, meta, plotted))
+    say(f"wrote {out / 'results.json'}, performance.md" + (", latency.png" if plotted else ""))
     if not plotted:
         say("no latency.png: matplotlib is not installed (pip install 'aiocudasem[bench]')")
-    say(markdown(b.results, meta, plotted))
-    return 0
+    say(markdown(results, meta, plotted))
 
 
 if __name__ == "__main__":

@@ -202,57 +202,88 @@ class Bench:
 SPLIT_APPROACHES: Final = ("sync", "poll0", "pycallback", "aiocudasem_parked", "aiocudasem")
 
 
-async def run_asyncio(b: Bench, approaches: list[Approach]) -> None:
+def _rotated(items: list[Any], r: int) -> list[Any]:
+    """Round ``r``'s order: each round starts one place later, so that drift in the machine
+    (clocks, other tenants) falls on every approach alike."""
+    k = r % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
+class Progress:
+    """One line per approach per round, with the time so far and an estimate of what is left."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps, self.done, self.t0 = steps, 0, time.perf_counter()
+
+    def step(self, what: str) -> None:
+        elapsed = time.perf_counter() - self.t0
+        left = elapsed / self.done * (self.steps - self.done) if self.done else None
+        eta = f", about {left:.0f} s left" if left is not None else ""
+        self.done += 1
+        say(f"[{self.done}/{self.steps}] {what} ({elapsed:.0f} s{eta})")
+
+
+async def run_asyncio(b: Bench, approaches: list[Approach], repeats: int) -> None:
+    """Every approach ``repeats`` times, interleaved: round r measures them all, in an order
+    that starts one place later each round. Each round's figures are one run."""
     res = b.results
     n = 60 if b.quick else 300
     tput_s = 0.3 if b.quick else 1.0
+    live = []
     for ap in approaches:
-        entry = res.setdefault(ap.name, {"label": ap.label})
+        entry = res.setdefault(ap.name, {"label": ap.label, "runs": []})
         if not ap.available:
             entry["error"] = ap.why_unavailable
             say(f"  {ap.name:<18} not available: {ap.why_unavailable}")
-            continue
-        ap.setup()
-        try:
-            await measure(b, ap, entry, n, tput_s)
-        finally:
-            ap.teardown()
+        else:
+            live.append(ap)
+    progress = Progress(repeats * len(live))
+    for r in range(repeats):
+        for ap in _rotated(live, r):
+            entry = res[ap.name]
+            if "error" in entry:
+                continue
+            progress.step(f"asyncio round {r + 1}/{repeats}: {ap.name}")
+            ap.setup()
+            try:
+                err = await b.probe(ap)
+                if err is not None:
+                    entry["error"] = err
+                    say(f"  {ap.name:<18} FAILS: {err}")
+                    continue
+                entry["runs"].append(await measure(b, ap, n, tput_s))
+            finally:
+                ap.teardown()
 
 
-async def measure(b: Bench, ap: Approach, entry: dict[str, Any], n: int, tput_s: float) -> None:
-    err = await b.probe(ap)
-    if err is not None:
-        entry["error"] = err
-        say(f"  {ap.name:<18} FAILS: {err}")
-        return
-    say(f"  {ap.name:<18} latency ...")
+async def measure(b: Bench, ap: Approach, n: int, tput_s: float) -> dict[str, Any]:
+    """One run of every figure that applies to ``ap``."""
+    run: dict[str, Any] = {}
     await b.latency(ap, KERNEL_NS, 20)  # warm-up
-    entry["latency_100us"] = await b.latency(ap, KERNEL_NS, n)
-    entry["latency_empty"] = await b.latency(ap, 0, n)
-    say(f"  {ap.name:<18} throughput ...")
-    entry["awaits_per_s_1"] = await b.throughput(ap, 1, tput_s)
-    entry["awaits_per_s_8"] = await b.throughput(ap, 8, tput_s)
+    run["latency_100us"] = await b.latency(ap, KERNEL_NS, n)
+    run["latency_empty"] = await b.latency(ap, 0, n)
+    run["awaits_per_s_1"] = await b.throughput(ap, 1, tput_s)
+    run["awaits_per_s_8"] = await b.throughput(ap, 8, tput_s)
     if b.split and ap.name in SPLIT_APPROACHES:
-        say(f"  {ap.name:<18} throughput, 8 streams over {b.devices} devices ...")
-        entry["awaits_per_s_8_split"] = await b.throughput(ap, 8, tput_s, b.split)
+        run["awaits_per_s_8_split"] = await b.throughput(ap, 8, tput_s, b.split)
     if ap.name not in ("sync", "torch_to_thread", "to_thread"):
-        say(f"  {ap.name:<18} CPU while parked ...")
-        entry["cpu_parked"] = await b.cpu_parked(ap)
-        entry["cpu_parked_threads"] = b.cpu_threads.get(ap.name, {})
-        by = entry["cpu_parked_threads"]
-        say(f"  {ap.name:<18} CPU while parked: {entry['cpu_parked']:.4f} cores; threads (s): {by}")
+        run["cpu_parked"] = await b.cpu_parked(ap)
+        run["cpu_parked_threads"] = b.cpu_threads.get(ap.name, {})
     if hasattr(ap, "enqueue") or ap.name == "sync":
-        say(f"  {ap.name:<18} work-stream GPU time with the loop busy ...")
-        entry["stall_us"] = await b.stall(ap)
+        run["stall_us"] = await b.stall(ap)
     if ap.name in ("aiocudasem", "poll0", "pycallback"):
-        say(f"  {ap.name:<18} 10,000 awaiters on 64 streams ...")
-        entry["many"] = await b.many(ap)
-    med = statistics.median(entry["latency_100us"])
-    say(f"  {ap.name:<18} median wake latency {med:.1f} us")
+        run["many"] = await b.many(ap)
+    say(
+        f"  {ap.name:<18} wake {statistics.median(run['latency_100us']):.1f} us, "
+        f"{run['awaits_per_s_1']:.0f} / {run['awaits_per_s_8']:.0f} awaits/s (1 / 8 streams)"
+        + (f", parked CPU {run['cpu_parked']:.4f} cores" if "cpu_parked" in run else "")
+    )
+    return run
 
 
-async def run_trio(b: Bench) -> None:
-    """Wake latency on trio: aiocudasem and the trio-native alternatives."""
+async def run_trio(b: Bench, repeats: int) -> None:
+    """Wake latency on trio, ``repeats`` interleaved rounds: aiocudasem and the trio-native
+    alternatives."""
     import trio
 
     class TrioPoll0(Approach):
@@ -270,9 +301,12 @@ async def run_trio(b: Bench) -> None:
 
     n = 60 if b.quick else 300
     out = b.results.setdefault("trio", {})
-    for ap in (BlockingSync(b.drv), TrioPoll0(b.drv), TrioToThread(b.drv), Aiocudasem(b.drv)):
-        await b.latency(ap, KERNEL_NS, 20)
-        out[ap.name] = {"label": ap.label, "latency_100us": await b.latency(ap, KERNEL_NS, n)}
-        say(
-            f"  trio {ap.name:<13} median {statistics.median(out[ap.name]['latency_100us']):.1f} us"
-        )
+    approaches = [BlockingSync(b.drv), TrioPoll0(b.drv), TrioToThread(b.drv), Aiocudasem(b.drv)]
+    progress = Progress(repeats * len(approaches))
+    for r in range(repeats):
+        for ap in _rotated(approaches, r):
+            progress.step(f"trio round {r + 1}/{repeats}: {ap.name}")
+            await b.latency(ap, KERNEL_NS, 20)
+            lat = await b.latency(ap, KERNEL_NS, n)
+            entry = out.setdefault(ap.name, {"label": ap.label, "runs": []})
+            entry["runs"].append({"latency_100us": lat})

@@ -6,6 +6,7 @@ import contextlib
 import importlib.metadata
 import platform
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,30 @@ import aiocudasem as acs
 from ._common import pct
 
 # ---------------------------------------------------------------- report
+
+
+def commit() -> str:
+    """The source checkout's commit (with ``+changes`` if the tree differs from it), or the
+    installed version when the package does not run from a checkout."""
+    import subprocess
+
+    import aiocudasem
+
+    root = Path(aiocudasem.__file__).resolve().parent.parent
+    if (root / ".git").exists():
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            git = ["git", "-C", str(root)]
+            rev = subprocess.run(
+                [*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True
+            ).stdout.strip()
+            dirty = subprocess.run(
+                [*git, "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            if rev:
+                return f"commit {rev}" + (" +changes" if dirty else "")
+    return f"aiocudasem {aiocudasem.__version__} (installed, not a checkout)"
 
 
 def versions() -> dict[str, str]:
@@ -53,87 +78,170 @@ def fmt(x: float | None, spec: str = ".0f") -> str:
     return "n/a" if x is None else format(x, spec)
 
 
-def markdown(results: dict[str, Any], meta: dict[str, Any], plotted: bool = True) -> str:
-    sim = meta["simulated"]
-    tag = " (SIMULATED device: not GPU figures)" if sim else ""
-    sync_med = statistics.median(results["sync"]["latency_100us"])
-    sync_empty = statistics.median(results["sync"]["latency_empty"])
-    lines = [
+#: Each figure of a run, as one number: (name, how to get it from a run).
+FIGURES: dict[str, Callable[[dict[str, Any]], float | None]] = {
+    "wake_us": lambda r: statistics.median(r["latency_100us"]),
+    "wake_p99_us": lambda r: pct(r["latency_100us"], 99),
+    "empty_us": lambda r: statistics.median(r["latency_empty"]),
+    "empty_p99_us": lambda r: pct(r["latency_empty"], 99),
+    "awaits_per_s_1": lambda r: r.get("awaits_per_s_1"),
+    "awaits_per_s_8": lambda r: r.get("awaits_per_s_8"),
+    "awaits_per_s_8_split": lambda r: r.get("awaits_per_s_8_split"),
+    "cpu_parked": lambda r: r.get("cpu_parked"),
+    "stall_ms": lambda r: r["stall_us"] / 1e3 if "stall_us" in r else None,
+    "many_p50_ms": lambda r: r["many"]["p50_us"] / 1e3 if "many" in r else None,
+    "many_p99_ms": lambda r: r["many"]["p99_us"] / 1e3 if "many" in r else None,
+}
+
+
+def summarize(entry: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Each figure over the runs: median, min and max (figures a run lacks are left out)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, get in FIGURES.items():
+        try:
+            values = [v for v in (get(r) for r in entry.get("runs", [])) if v is not None]
+        except KeyError:
+            continue
+        if values:
+            out[name] = {
+                "median": statistics.median(values),
+                "min": min(values),
+                "max": max(values),
+                "runs": len(values),
+            }
+    return out
+
+
+def spread(fig: dict[str, float] | None, spec: str = ".0f") -> str:
+    """``median [min-max]``, or ``n/a``."""
+    if not fig:
+        return "n/a"
+    med, lo, hi = (format(fig[k], spec) for k in ("median", "min", "max"))
+    return med if fig["runs"] == 1 else f"{med} [{lo}-{hi}]"
+
+
+def _header(meta: dict[str, Any]) -> list[str]:
+    tag = " (SIMULATED device: not GPU figures)" if meta["simulated"] else ""
+    gpu = meta["gpu"].get("nvidia-smi") or meta["gpu"]["device"]
+    packages = ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
+    return [
         f"# Performance{tag}",
         "",
-        f"Measured {meta['date']} on {meta['gpu'].get('nvidia-smi') or meta['gpu']['device']}, "
-        f"host {meta['host']}. Packages: "
-        + ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
-        + ".",
+        f"Measured {meta['date']}, {meta.get('commit', 'unknown commit')}, on {gpu}, host "
+        f"{meta['host']}. Packages: {packages}.",
         "",
-        "One process, one run, the same streams and the same `%globaltimer` spin kernel for "
-        "every approach (`aiocudasem bench`). Latency = from enqueuing the kernel to the "
-        'coroutine resuming; "+" is the median above blocking sync.',
+        f"One process, the same streams and the same `%globaltimer` spin kernel for every "
+        f"approach (`aiocudasem bench`), {meta.get('repeats', 1)} rounds interleaved (each "
+        "round measures every approach, starting one place later than the round before). Each "
+        "cell is the median over the rounds, with the lowest and highest in square brackets. "
+        "Latency = "
+        'from enqueuing the kernel to the coroutine resuming; "+" is the median above blocking '
+        "sync.",
         "",
-        "| approach | wake latency, 100 us kernel: median (+ over sync) / p99 | empty stream: "
-        "median / p99 | CPU while 1,000 coroutines are parked on 3 s kernels (cores) | awaits/s, "
-        "1 stream | awaits/s, 8 streams | work-stream GPU time, 100 x (50 us kernel + notify),"
-        " loop busy |",
-        "|---|---|---|---|---|---|---|",
+    ]
+
+
+def _main_table(results: dict[str, Any], sums: dict[str, Any]) -> list[str]:
+    floor = sums.get("sync", {})
+    base = floor.get("wake_us", {}).get("median", 0.0)
+    base_empty = floor.get("empty_us", {}).get("median", 0.0)
+    lines = [
+        "| approach | wake latency, 100 us kernel, median (+ over sync) | its p99 | empty stream, "
+        "median | CPU while 1,000 coroutines are parked on 3 s kernels (cores) | awaits/s, "
+        "1 stream | awaits/s, 8 streams | work-stream GPU time, 100 x (50 us kernel + notify), "
+        "loop busy (ms) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, e in results.items():
         if name == "trio":
             continue
         if "error" in e:
-            lines.append(f"| {e['label']} | fails: `{e['error'][:120]}` | | | | | |")
+            lines.append(f"| {e['label']} | fails: `{e['error'][:120]}` | | | | | | |")
             continue
-        lat, emp = e["latency_100us"], e["latency_empty"]
-        med = statistics.median(lat)
+        f = sums[name]
+        wake = f.get("wake_us", {}).get("median", 0.0) - base
+        empty = f.get("empty_us", {}).get("median", 0.0) - base_empty
         lines.append(
-            f"| {e['label']} | {med:.1f} (+{med - sync_med:.1f}) / {pct(lat, 99):.0f} us "
-            f"| {statistics.median(emp):.1f} (+{statistics.median(emp) - sync_empty:.1f}) / "
-            f"{pct(emp, 99):.0f} us "
-            f"| {fmt(e.get('cpu_parked'), '.3f')} | {fmt(e.get('awaits_per_s_1'))} "
-            f"| {fmt(e.get('awaits_per_s_8'))} "
-            f"| {fmt(e.get('stall_us') and e['stall_us'] / 1e3, '.2f')} ms |"
+            f"| {e['label']} | {spread(f.get('wake_us'), '.1f')} (+{wake:.1f}) us "
+            f"| {spread(f.get('wake_p99_us'))} us "
+            f"| {spread(f.get('empty_us'), '.1f')} (+{empty:.1f}) us "
+            f"| {spread(f.get('cpu_parked'), '.4f')} | {spread(f.get('awaits_per_s_1'))} "
+            f"| {spread(f.get('awaits_per_s_8'))} | {spread(f.get('stall_ms'), '.2f')} |"
         )
-    lines += [
+    return lines
+
+
+def _crowd_table(results: dict[str, Any], sums: dict[str, Any]) -> list[str]:
+    rows = []
+    for name, e in results.items():
+        runs = [r["many"] for r in e.get("runs", []) if "many" in r] if name != "trio" else []
+        if runs:
+            woke = min(m["woke"] for m in runs)
+            fds = max(m["extra_fds_peak"] for m in runs)
+            rss = max(m["rss_growth_mib"] for m in runs)
+            rows.append(
+                f"| {e['label']} | {woke}/{runs[0]['waiters']} | {fds} | {rss:.1f} MiB "
+                f"| {spread(sums[name].get('many_p50_ms'), '.1f')} ms "
+                f"| {spread(sums[name].get('many_p99_ms'), '.1f')} ms |"
+            )
+    if not rows:
+        return []
+    return [
         "",
         "## 10,000 awaiters on 64 streams (20 ms kernels)",
         "",
-        "| approach | woke | extra fds (peak) | RSS growth | p50 | p99 |",
+        "| approach | woke (fewest in a round) | extra fds (peak) | RSS growth (most) | p50 "
+        "| p99 |",
         "|---|---|---|---|---|---|",
+        *rows,
     ]
-    for e in results.values():
-        m = e.get("many") if isinstance(e, dict) else None
-        if m:
-            lines.append(
-                f"| {e['label']} | {m['woke']}/{m['waiters']} | {m['extra_fds_peak']} | "
-                f"{m['rss_growth_mib']:.1f} MiB | {m['p50_us'] / 1e3:.1f} ms "
-                f"| {m['p99_us'] / 1e3:.1f} ms |"
-            )
-    split = {
-        n: e for n, e in results.items() if isinstance(e, dict) and "awaits_per_s_8_split" in e
-    }
-    if split:
-        lines += [
-            "",
-            f"## Throughput on 8 streams dealt over {meta.get('devices', 2)} devices",
-            "",
-            "| approach | awaits/s, 8 streams of device 0 | awaits/s, 8 streams over the devices |",
-            "|---|---|---|",
-        ]
-        for e in split.values():
-            one, dealt = fmt(e.get("awaits_per_s_8")), fmt(e["awaits_per_s_8_split"])
-            lines.append(f"| {e['label']} | {one} | {dealt} |")
+
+
+def _split_table(results: dict[str, Any], sums: dict[str, Any], devices: int) -> list[str]:
+    rows = [
+        f"| {e['label']} | {spread(sums[n].get('awaits_per_s_8'))} "
+        f"| {spread(sums[n]['awaits_per_s_8_split'])} |"
+        for n, e in results.items()
+        if n != "trio" and "awaits_per_s_8_split" in sums.get(n, {})
+    ]
+    if not rows:
+        return []
+    return [
+        "",
+        f"## Throughput on 8 streams dealt over {devices} devices",
+        "",
+        "| approach | awaits/s, 8 streams of device 0 | awaits/s, 8 streams over the devices |",
+        "|---|---|---|",
+        *rows,
+    ]
+
+
+def _trio_table(trio: dict[str, Any]) -> list[str]:
+    sums = {n: summarize(e) for n, e in trio.items()}
+    base = sums.get("sync", {}).get("wake_us", {}).get("median", 0.0)
+    lines = [
+        "",
+        "## Wake latency on trio (100 us kernel)",
+        "",
+        "| approach | median (+ over sync) | p99 |",
+        "|---|---|---|",
+    ]
+    for n, e in trio.items():
+        f = sums[n]
+        plus = f.get("wake_us", {}).get("median", 0.0) - base
+        lines.append(
+            f"| {e['label']} | {spread(f.get('wake_us'), '.1f')} (+{plus:.1f}) us "
+            f"| {spread(f.get('wake_p99_us'))} us |"
+        )
+    return lines
+
+
+def markdown(results: dict[str, Any], meta: dict[str, Any], plotted: bool = True) -> str:
+    sums = {n: summarize(e) for n, e in results.items() if n != "trio"}
+    lines = _header(meta) + _main_table(results, sums) + _crowd_table(results, sums)
+    lines += _split_table(results, sums, meta.get("devices", 2))
     if "trio" in results:
-        tsync = statistics.median(results["trio"]["sync"]["latency_100us"])
-        lines += [
-            "",
-            "## Wake latency on trio (100 us kernel)",
-            "",
-            "| approach | median (+ over sync) | p99 |",
-            "|---|---|---|",
-        ]
-        for e in results["trio"].values():
-            med = statistics.median(e["latency_100us"])
-            p99 = pct(e["latency_100us"], 99)
-            lines.append(f"| {e['label']} | {med:.1f} (+{med - tsync:.1f}) us | {p99:.0f} us |")
+        lines += _trio_table(results["trio"])
     if plotted:
         lines += ["", "![latency distributions](latency.png)", ""]
     else:
@@ -149,13 +257,15 @@ def plot(results: dict[str, Any], path: Path, sim: bool) -> bool:
         import matplotlib.pyplot as plt
     except Exception:
         return False
-    names = [n for n, e in results.items() if n != "trio" and "latency_100us" in e]
-    data = [results[n]["latency_100us"] for n in names]
+    names = [n for n, e in results.items() if n != "trio" and e.get("runs")]
+    data = [[x for r in results[n]["runs"] for x in r["latency_100us"]] for n in names]
     fig, ax = plt.subplots(figsize=(10, 0.5 * len(names) + 1.5))
     ax.boxplot(data, vert=False, showfliers=False, whis=(1, 99))
     ax.set_yticks(range(1, len(names) + 1), names)
     ax.set_xscale("log")
-    ax.set_xlabel("wake latency for a 100 us kernel, us (box: quartiles, whiskers: p1-p99)")
+    ax.set_xlabel(
+        "wake latency for a 100 us kernel, all rounds, us (box: quartiles, whiskers: p1-p99)"
+    )
     ax.set_title("Wake latency per approach" + (" (SIMULATED device)" if sim else ""))
     fig.tight_layout()
     fig.savefig(path, dpi=110)

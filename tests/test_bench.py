@@ -1,0 +1,56 @@
+"""The benchmark command on the simulated device: it runs from the package, repeats and
+interleaves its rounds, reports medians with their spread, and says what it is doing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_bench_repeats_interleaves_and_reports_spreads(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    args = ["--driver", "sim", "--quick", "--repeats", "2", "--only", "aiocudasem_parked"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "aiocudasem", "bench", *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,  # not the checkout: the benchmark lives in the package
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    # A progress line per approach per round, interleaved: round 2 starts one place later.
+    steps = [line for line in proc.stdout.splitlines() if line.startswith("[")]
+    asyncio_steps = [s.split(": ", 1)[1].split(" (")[0] for s in steps if "asyncio" in s]
+    assert asyncio_steps == ["sync", "aiocudasem_parked", "aiocudasem_parked", "sync"]
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["repeats"] == 2
+    assert data["meta"]["simulated"] is True
+    for name in ("sync", "aiocudasem_parked"):
+        assert len(data["results"][name]["runs"]) == 2
+        wake = data["summary"][name]["wake_us"]
+        assert wake["runs"] == 2
+        assert wake["min"] <= wake["median"] <= wake["max"]
+    assert data["summary"]["trio"]["aiocudasem"]["wake_us"]["runs"] == 2
+    page = (out / "performance.md").read_text()
+    assert "SIMULATED" in page
+    assert "2 rounds interleaved" in page
+    assert "[" in page.split("| approach |", 1)[1]  # spreads, as [min-max]
+    if (out / "latency.png").exists():
+        assert "![latency distributions](latency.png)" in page
+    else:
+        assert "No latency plot" in page
+        assert "no latency.png" in proc.stdout
+
+
+def test_bench_refuses_bad_repeats(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "aiocudasem", "bench", "--driver", "sim", "--repeats", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert "--repeats must be in [1, 100]" in proc.stderr
