@@ -17,9 +17,31 @@ from ._common import pct
 # ---------------------------------------------------------------- report
 
 
+def source_digest() -> str:
+    """SHA-256 (first 12 hex digits) of the package's source files, by path: names the code
+    that ran even where the checkout's commit says little (a copied tree, an installed wheel).
+    ``python -c 'from aiocudasem.cli.bench._report import source_digest; print(source_digest())'``
+    in a checkout of a commit gives the same digest if the code is the same."""
+    import hashlib
+
+    import aiocudasem
+
+    pkg = Path(aiocudasem.__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(pkg.rglob("*")):
+        if path.suffix in (".py", ".c", ".pyi", ".cu") and "__pycache__" not in path.parts:
+            h.update(path.relative_to(pkg).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def commit() -> str:
     """The source checkout's commit (with ``+changes`` if the tree differs from it), or the
-    installed version when the package does not run from a checkout."""
+    installed version when the package does not run from a checkout; with the digest of the
+    package's source either way."""
+    return f"{_revision()}, source digest {source_digest()}"
+
+
+def _revision() -> str:
     import subprocess
 
     import aiocudasem
