@@ -62,10 +62,13 @@ class Owned:
         """Take ``handle``. ``collected`` releases it if the object is collected unclosed; it
         runs at a safe point, not in the collector. None: nothing to release (borrowed)."""
         self._handle = handle
-        what = self._describe()
-        if sys.flags.dev_mode or tracemalloc.is_tracing():
-            what += f", created at {_caller()}"
         warn = self._warn_when_collected
+        if warn:
+            what = self._describe()
+            if sys.flags.dev_mode or tracemalloc.is_tracing():
+                what += f", created at {_caller()}"
+        else:  # silent when collected (events, one per record()): no need to name it
+            what = f"an aiocudasem.{type(self).__name__}"
         self._finalizer = weakref.finalize(self, _collected, collected, what, warn)
 
     def _describe(self) -> str:

@@ -280,9 +280,6 @@ class Event(Owned):
         self._own(handle, partial(_destroy_event, stream._driver, handle))
         return self
 
-    def _describe(self) -> str:
-        return f"aiocudasem.Event {self._handle:#x} of {self._stream._describe()}"
-
     def _release(self) -> None:
         _destroy_event(self._stream._driver, self._handle)
 
