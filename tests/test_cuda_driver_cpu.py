@@ -4,6 +4,7 @@ real driver can show is in tests/gpu/."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -82,7 +83,7 @@ def _driver(bindings: _Bindings) -> CudaDriver:
     drv._count = 1
     drv._lock = threading.Lock()
     drv._devices, drv._ordinals, drv._ctx, drv._probe = {}, {}, {}, {}
-    drv._waited, drv._first_wait_hooks = set(), []
+    drv._waited, drv._first_wait_hooks, drv._hooks_done = {}, [], False
     drv._wait_dtype = real.external_semaphore_wait_params_v1_dtype
     return drv
 
@@ -141,3 +142,28 @@ def test_a_hook_that_fails_with_any_error_does_not_fail_the_wait() -> None:
     drv.enqueue_semaphore_waits([SemOp(1, value=1)], 0x5)
     assert b.calls == ["wait"]  # the user's wait went ahead
     assert ran == ["second"]  # and the other hooks ran
+
+
+def test_a_concurrent_first_wait_goes_after_the_hooks() -> None:
+    b = _Bindings(library_fails=False)
+    drv = _driver(b)
+    gate = threading.Event()
+
+    def slow_hook(ordinal: int) -> None:
+        b.calls.append("hook-start")
+        assert gate.wait(5)
+        b.calls.append("hook-end")
+
+    drv._before_first_wait(slow_hook)
+    first = threading.Thread(target=drv.enqueue_semaphore_waits, args=([SemOp(1, value=1)], 0x5))
+    first.start()
+    while "hook-start" not in b.calls:
+        time.sleep(0.001)
+    second = threading.Thread(target=drv.enqueue_semaphore_waits, args=([SemOp(1, value=2)], 0x5))
+    second.start()
+    time.sleep(0.05)
+    assert "wait" not in b.calls  # the second wait is held back while the hook runs
+    gate.set()
+    first.join(5)
+    second.join(5)
+    assert b.calls == ["hook-start", "hook-end", "wait", "wait"]

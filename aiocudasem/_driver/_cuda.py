@@ -71,7 +71,9 @@ class CudaDriver:
         self._ordinals: dict[int, int] = {}  # CUdevice -> ordinal
         self._ctx: dict[int, int] = {}  # ordinal -> primary context
         self._probe: dict[int, int] = {}  # ordinal -> never-recorded event, for check_health
-        self._waited: set[int] = set()  # devices that have had a semaphore wait
+        # Devices that have had a semaphore wait -> set once their first-wait hooks have run.
+        self._waited: dict[int, threading.Event] = {}
+        self._hooks_done = False  # every device has had its first wait, and its hooks ran
         self._first_wait_hooks: list[Callable[[int], object]] = []
         self._wait_dtype = d.external_semaphore_wait_params_v1_dtype
         self._signal_dtype = d.external_semaphore_signal_params_v1_dtype
@@ -125,18 +127,33 @@ class CudaDriver:
             pass
 
     def _first_wait(self, stream: int) -> None:
-        """Run the first-wait hooks for ``stream``'s device, once per device."""
+        """Run the first-wait hooks for ``stream``'s device, once per device. A wait in
+        another thread meanwhile goes ahead only once they have run, so that no wait is
+        enqueued before the kernels they load."""
         try:
             ordinal = self.stream_device(stream)  # also makes the context current
         except CudaError:
             return  # the wait itself reports a bad stream
         with self._lock:
-            if ordinal in self._waited:
-                return
-            self._waited.add(ordinal)
-            hooks = list(self._first_wait_hooks)
-        for hook in hooks:
-            self._run_hook(hook, ordinal)
+            done = self._waited.get(ordinal)
+            first = done is None
+            if first:
+                done = self._waited[ordinal] = threading.Event()
+                hooks = list(self._first_wait_hooks)
+        assert done is not None
+        if not first:
+            done.wait()  # at once, unless another thread is running this device's hooks
+            return
+        try:
+            for hook in hooks:
+                self._run_hook(hook, ordinal)
+        finally:
+            done.set()
+            with self._lock:
+                waited = self._waited
+                self._hooks_done = len(waited) == self._count and all(
+                    e.is_set() for e in waited.values()
+                )
 
     def _use(self, ordinal: int) -> int:
         """Make ``ordinal``'s primary context current on this thread; return it."""
@@ -323,7 +340,7 @@ class CudaDriver:
         self._call("cuDestroyExternalSemaphore", self._d.destroy_external_semaphore, sem)
 
     def enqueue_semaphore_waits(self, ops: Sequence[SemOp], stream: int) -> None:
-        if len(self._waited) < self._count:
+        if not self._hooks_done:
             self._first_wait(stream)
         params = np.zeros(len(ops), dtype=self._wait_dtype)
         p = params["params"]
