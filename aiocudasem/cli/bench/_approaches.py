@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import importlib.metadata
 import itertools
 from collections.abc import Coroutine
@@ -140,12 +141,7 @@ class Aiocudasem(Approach):
             configure(**self.settings)
 
     def teardown(self) -> None:
-        configure(
-            spin_limit=self.saved.spin_limit,
-            max_spinners=self.saved.max_spinners,
-            watchdog=self.saved.watchdog,
-            wake=self.saved.wake,
-        )
+        configure(**dataclasses.asdict(self.saved))  # every setting, as it was
 
 
 class AiocudasemParked(Aiocudasem):
