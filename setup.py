@@ -1,11 +1,10 @@
 from setuptools import Extension, setup
 
+_FLAGS = ["-O2", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"]
+
 setup(
     ext_modules=[
-        Extension(
-            "aiocudasem._notify",
-            sources=["aiocudasem/_notify.c"],
-            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"],
-        )
+        Extension(f"aiocudasem.{name}", sources=[f"aiocudasem/{name}.c"], extra_compile_args=_FLAGS)
+        for name in ("_notify", "_cucalls")
     ]
 )

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
 
 import numpy as np
 
+from .. import _cucalls
 from .._errors import STICKY_STATUSES, CudaError, DeviceFaultError, DeviceMismatchError
 from .._handles import lookup
 from . import forked_error, track, unavailable
@@ -32,13 +33,47 @@ _STREAM_NON_BLOCKING: Final = 0x1
 _EVENT_BLOCKING_SYNC: Final = 0x1
 _EVENT_DISABLE_TIMING: Final = 0x2
 _LOADING_MODES: Final = {1: "eager", 2: "lazy"}  # CUmoduleLoadingMode
+# The wait path's calls, made from C (see _cucalls.c), in the order bind() takes them. Each is
+# asked for at the CUDA 12.0 ABI, whose signatures _cucalls.c declares, and in its legacy
+# default-stream form, as the bindings call them.
+_FAST_CALLS: Final = (
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuStreamQuery",
+    "cuStreamWaitEvent",
+    "cuLaunchHostFunc",
+)
+_FAST_ABI: Final = 12000
+#: The driver methods that are those C functions (the same names in ``_cucalls``).
+_FAST_METHODS: Final = (
+    "event_record",
+    "event_query",
+    "stream_query",
+    "stream_wait_event",
+    "launch_host_func",
+)
 
 
 class _Forked:
-    """Stands in for the bindings in a forked child: every driver call raises."""
+    """Stands in for the bindings (and the C calls) in a forked child: every driver call
+    raises."""
 
     def __getattr__(self, name: str) -> Any:
         raise forked_error("cuda")
+
+
+def _bind_fast_calls(d: Any, fail: Callable[[int, str], NoReturn]) -> None:
+    """Hand the driver's addresses of the wait path's functions, and the error factory, to
+    ``_cucalls``."""
+    flags = int(d.DriverProcAddressFlags.LEGACY_STREAM)
+    addresses = []
+    for name in _FAST_CALLS:
+        pfn, found = d.get_proc_address_v2(name.encode(), _FAST_ABI, flags)
+        if not pfn or int(found) != 0:
+            raise unavailable(f"the CUDA driver does not provide {name} (cuGetProcAddress)")
+        addresses.append(int(pfn))
+    record, query, stream_query, stream_wait_event, launch_host_func = addresses
+    _cucalls.bind(record, query, stream_query, stream_wait_event, launch_host_func, fail)
 
 
 class CudaDriver:
@@ -57,7 +92,6 @@ class CudaDriver:
             ) from None
         self._d: Any = d
         self._DriverError: type[Exception] = d.DriverError
-        self._NotReady: type[Exception] = d.NotReadyError
         try:
             d.init(0)
             count = d.device_get_count()
@@ -65,6 +99,14 @@ class CudaDriver:
             raise unavailable(f"cuInit failed ({exc})") from None
         if count == 0:
             raise unavailable("no CUDA device is present")
+        try:
+            _bind_fast_calls(d, self._fail_status)
+        except d.DriverError as exc:
+            raise unavailable(f"cuGetProcAddress failed ({exc})") from None
+        self._c: Any = _cucalls
+        # The wait path's calls are the C functions themselves, bound over the methods of the
+        # same names: an await makes no Python-level call for them.
+        vars(self).update({name: getattr(_cucalls, name) for name in _FAST_METHODS})
         self._count: int = count
         self._lock = threading.Lock()
         self._devices: dict[int, int] = {}  # ordinal -> CUdevice
@@ -81,12 +123,16 @@ class CudaDriver:
 
     def _after_fork(self) -> None:
         # A forked child cannot use the parent's CUDA state: refuse every call clearly.
-        self._d = _Forked()
+        self._d = self._c = _Forked()
+        for name in _FAST_METHODS:
+            vars(self).pop(name, None)  # back to the methods, which call self._c
 
     # ------------------------------------------------------------------ helpers
 
     def _fail(self, exc: BaseException, what: str) -> NoReturn:
-        status = int(getattr(exc, "status", 999))
+        self._fail_status(int(getattr(exc, "status", 999)), what)
+
+    def _fail_status(self, status: int, what: str) -> NoReturn:
         try:
             name = str(self._d.get_error_name(status))
         except Exception:
@@ -258,31 +304,24 @@ class CudaDriver:
             )
         return ordinal
 
+    # The wait path's calls (stream_query, stream_wait_event, launch_host_func, event_record,
+    # event_query) are _cucalls' C functions, bound over these methods in __init__: no
+    # exception is raised and caught for "not ready", and the arguments are converted in C.
+    # The methods say the same for the type checker, and serve after a fork (they raise).
+
     def stream_query(self, stream: int) -> bool:
-        try:
-            self._d.stream_query(stream)
-        except self._NotReady:
-            return False
-        except self._DriverError as exc:
-            self._fail(exc, "cuStreamQuery")
-        return True
+        return bool(self._c.stream_query(stream))
 
     def stream_synchronize(self, stream: int) -> None:
         self._call("cuStreamSynchronize", self._d.stream_synchronize, stream)
 
     def stream_wait_event(self, stream: int, event: int) -> None:
-        try:
-            self._d.stream_wait_event(stream, event, 0)
-        except self._DriverError as exc:
-            self._fail(exc, "cuStreamWaitEvent")
+        self._c.stream_wait_event(stream, event)
 
     def launch_host_func(self, stream: int, fn: int, user_data: int) -> None:
-        # _v2.launch_host_func hands the raw C pointer to cuLaunchHostFunc: no Python
-        # trampoline, so the driver's callback thread never takes the GIL.
-        try:
-            self._d.launch_host_func(stream, fn, user_data)
-        except self._DriverError as exc:
-            self._fail(exc, "cuLaunchHostFunc")
+        # The raw C pointer goes to cuLaunchHostFunc: no Python trampoline, so the driver's
+        # callback thread never takes the GIL.
+        self._c.launch_host_func(stream, fn, user_data)
 
     # ------------------------------------------------------------------ events
 
@@ -295,19 +334,10 @@ class CudaDriver:
         self._call("cuEventDestroy", self._d.event_destroy_v2, event)
 
     def event_record(self, event: int, stream: int) -> None:
-        try:
-            self._d.event_record(event, stream)
-        except self._DriverError as exc:
-            self._fail(exc, "cuEventRecord")
+        self._c.event_record(event, stream)
 
     def event_query(self, event: int) -> bool:
-        try:
-            self._d.event_query(event)
-        except self._NotReady:
-            return False
-        except self._DriverError as exc:
-            self._fail(exc, "cuEventQuery")
-        return True
+        return bool(self._c.event_query(event))
 
     def event_synchronize(self, event: int) -> None:
         # The driver returns the sticky error as soon as the context faults, whichever stream
