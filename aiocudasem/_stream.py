@@ -170,6 +170,11 @@ class Stream(OnDevice):
         """
         handle = self.handle
         drv = self._driver
+        notifier = current_notifier()
+        if drv.stream_query(handle):
+            # Idle: everything enqueued so far has completed. No event, only the checkpoint.
+            await notifier.checkpoint()
+            return
         pool = self._events
         event = take_event(drv, self._device, pool)
         try:
@@ -177,7 +182,7 @@ class Stream(OnDevice):
         except BaseException:
             pool.append(event)
             raise
-        await current_notifier().wait(Point(drv, self._device, handle, event, pool))
+        await notifier.wait_recorded(drv, self._device, handle, event, pool)
 
     # -------------------------------------------------------------- lifetime
 

@@ -287,7 +287,8 @@ async def test_pools_are_keyed_by_the_driver_object_not_its_id() -> None:
 
     first = SimDriver(devices=1)
     async with acs.open_stream(driver=first) as s:
-        await s.wait_complete()  # leaves an event in first's pool
+        workloads(first).launch_spin(s.handle, 2_000_000)
+        await s.wait_complete()  # busy: records an event, which it leaves in first's pool
     pool = event_pool.free_list(first, 0)
     assert pool
     second = SimDriver(devices=1)
@@ -302,6 +303,7 @@ async def test_pools_are_keyed_by_the_driver_object_not_its_id() -> None:
     assert gone() is None  # the pools hold no strong reference to a driver...
     assert len([d for d in event_pool._free if d is second]) == 1  # ...and second has its own
     async with acs.open_stream(driver=second) as s:
+        workloads(second).launch_spin(s.handle, 2_000_000)
         await s.wait_complete()  # would fail with an invalid handle if it got first's events
 
 

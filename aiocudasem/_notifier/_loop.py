@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 import time
 import weakref
 from collections.abc import AsyncGenerator
@@ -14,15 +15,23 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.lowlevel
 
+# anyio's lookup of the running backend (sniffio). Each call costs about 0.5 us, and every
+# anyio.lowlevel.checkpoint() or anyio.Event() makes one: a notifier looks its backend up once
+# and calls it directly (the public anyio.abc.AsyncBackend interface).
+from anyio._core._eventloop import get_async_backend
+
 from .. import _notify, _release
 from .._errors import AiocudasemError
 from . import _tuning
+from ._points import Point
+from ._pools import give_back
 from ._wake import STRATEGIES as _STRATEGIES
 from ._watchdog import _watchdog
 
 if TYPE_CHECKING:
+    from anyio.abc import AsyncBackend
+
     from .._driver import Driver
-    from ._points import Point
 
 __all__ = ("Notifier", "current_notifier", "running_notifier")
 
@@ -30,7 +39,13 @@ __all__ = ("Notifier", "current_notifier", "running_notifier")
 class Notifier:
     """The per-loop half of the notifier: the C queue and fd, the armed points, the drainer."""
 
-    def __init__(self) -> None:
+    def __init__(self, backend: type[AsyncBackend], token: object) -> None:
+        # The loop this notifier serves: its anyio backend and its token (the asyncio loop, the
+        # trio token), which current_notifier() compares to find it again cheaply.
+        self._backend = backend
+        self._token: object = token
+        #: The loop's checkpoint (its backend's), without looking the backend up each time.
+        self.checkpoint = self._checkpoint = backend.checkpoint
         self._c = _notify.Notifier()
         self._fd = self._c.fileno()
         self._tokens = itertools.count(1)
@@ -83,6 +98,7 @@ class Notifier:
         if self.closed:
             return
         self.closed = True
+        self._token = None  # do not keep the finished loop alive
         _live_notifiers.discard(self)
         for key in self._watched:
             _watchdog.remove(self, key)
@@ -112,14 +128,61 @@ class Notifier:
 
     # ------------------------------------------------------------------ waiting
 
+    async def wait_recorded(
+        self, driver: Driver, device: int, stream: int, event: int, pool: list[int]
+    ) -> None:
+        """Wait for ``event``, just recorded on ``stream`` and taken from ``pool``, where it
+        goes back afterwards (``Stream.wait_complete``). The same as :meth:`wait` on a new
+        point, but the spin phase runs here, on the raw event, and a point is made only to
+        park: most awaits of short work never make one, and each round of the spin resumes as
+        few frames as possible."""
+        clock = time.perf_counter
+        started = clock()
+        query = driver.event_query
+        try:
+            await self._checkpoint()
+            ready = query(event)
+            if not ready and self._spinners < _tuning.current.max_spinners:
+                deadline = started + self._spin_window(driver, stream)
+                if deadline > started:
+                    checkpoint = self._checkpoint
+                    self._spinners += 1
+                    try:
+                        while True:
+                            await checkpoint()
+                            ready = query(event)
+                            if ready or clock() >= deadline:
+                                break
+                    finally:
+                        self._spinners -= 1
+        except BaseException:
+            give_back(driver, pool, event)
+            raise
+        if ready:
+            self._learn(driver, stream, clock() - started)
+            give_back(driver, pool, event)
+            return
+        point = Point(driver, device, stream, event, pool)
+        point.started = started
+        point.waiting += 1
+        try:
+            self._arm(point)
+            if not point.done:
+                await self._park(point)
+        finally:
+            self._leave(point)
+        if point.error is not None:
+            point._raise_if_failed()
+
     async def wait(self, point: Point) -> None:
         """Wait until ``point`` completes. Always a checkpoint. Raises what the point failed
         with (``DeviceFaultError`` after a device fault). Cancellation abandons the wait
         only: the point stays armed and other waiters keep their wake-ups."""
-        owner = None if point.owner is None else point.owner()
-        if owner is not self and point.owner is not None and not point.done:
+        ref = point.owner
+        if ref is not None and not point.done and ref() is not self:
+            owner = ref()
             if owner is not None and not owner.closed:
-                await anyio.lowlevel.checkpoint_if_cancelled()
+                await self._backend.checkpoint_if_cancelled()
                 exc = anyio.BusyResourceError("waiting on")
                 exc.args = (
                     "this point is being awaited in another event loop; await an Event from "
@@ -128,31 +191,45 @@ class Notifier:
                 raise exc
             point.owner = None
             point.token = 0
-        # Each path below passes a full checkpoint (the spin loop's, the park's, or the one at
-        # the end), so there is no separate cancellation check up front.
+        # Each path below passes a full checkpoint (the first one, the spin loop's or the
+        # park's), so there is no separate cancellation check up front.
         point.waiting += 1
         try:
-            scheduled = False
-            if not point.done and not point.token:
-                scheduled = await self._spin(point)
-            if not point.done:
-                self._arm(point)
+            if point.done:
+                await self._checkpoint()
+            elif point.token:  # armed by an earlier waiter: share its host function
+                await self._park(point)
+            else:
+                # A checkpoint first, which gives the GPU a moment, so that the first query is
+                # more often the last.
+                await self._checkpoint()
+                if not point.done and not self._query(point):
+                    await self._settle(point)
+        finally:
+            self._leave(point)
+        if point.error is not None:
+            point._raise_if_failed()
+
+    async def _settle(self, point: Point) -> None:
+        """The first query found ``point`` pending: spin, arm and park as needed."""
+        await self._spin(point)
+        if not point.done:
+            self._arm(point)
             if not point.done:
                 await self._park(point)
-            elif not scheduled:
-                await anyio.lowlevel.checkpoint()
-        finally:
-            point.waiting -= 1
-            if not point.done and point.waiting == 0:
-                if not point.token:
-                    # Abandoned without a host function of its own: nobody will query it again.
-                    self._unchain(point)
-                    point.owner = None
-                # An armed point's host function does not need the event (cuStreamWaitEvent
-                # captured it), and nobody will query an abandoned pooled point: give it back
-                # now rather than when (or if) the host function fires.
-                point._release_event()
-        point._raise_if_failed()
+
+    def _leave(self, point: Point) -> None:
+        """A waiter of ``point`` leaves, done, failed or cancelled."""
+        point.waiting -= 1
+        if not point.done and point.waiting == 0:
+            if not point.token:
+                # Abandoned without a host function of its own: nobody will query it again.
+                self._unchain(point)
+                point.owner = None
+            # An armed point's host function does not need the event (cuStreamWaitEvent
+            # captured it), and nobody will query an abandoned pooled point: give it back now
+            # rather than when (or if) the host function fires.
+            point._release_event()
 
     def _finish(self, point: Point, error: AiocudasemError | None) -> None:
         point._finish(error)
@@ -167,42 +244,44 @@ class Notifier:
             self._finish(point, exc)
             return True
         if ready:
-            self._learn(point)
+            self._learn(point.driver, point.stream, time.perf_counter() - point.started)
             self._finish(point, None)
         return ready
 
-    def _learn(self, point: Point) -> None:
-        key = (id(point.driver), point.stream)
-        took = time.perf_counter() - point.started
+    def _learn(self, driver: Driver, stream: int, took: float) -> None:
+        """Remember how long waits on ``stream`` take, for the spin window."""
+        key = (id(driver), stream)
         old = self._recent.get(key)
         self._recent[key] = took if old is None else 0.75 * old + 0.25 * took
         if len(self._recent) > 4096:
             self._recent.clear()
 
-    async def _spin(self, point: Point) -> bool:
-        """Pass a checkpoint, query the point, then spin if this stream's waits tend to be
-        short. The checkpoint comes first: it gives the GPU a moment, so the first query is
-        more often the last. Returns True (a schedule point was passed)."""
-        await anyio.lowlevel.checkpoint()
-        if point.done or self._query(point):
-            return True
-        tuning = _tuning.current
-        recent = self._recent.get((id(point.driver), point.stream))
+    def _spin_window(self, driver: Driver, stream: int) -> float:
+        """How long a wait on ``stream`` may spin, from its start: up to ``spin_limit``, about
+        twice what its recent waits took, and not at all if they took longer than the limit."""
+        limit = _tuning.current.spin_limit
+        recent = self._recent.get((id(driver), stream))
         if recent is None:
-            window = tuning.spin_limit
-        elif recent > tuning.spin_limit:
-            return True
-        else:
-            window = min(tuning.spin_limit, 2.0 * recent + 20e-6)
-        if window <= 0 or self._spinners >= tuning.max_spinners:
-            return True
+            return limit
+        if recent > limit:
+            return 0.0
+        return min(limit, 2.0 * recent + 20e-6)
+
+    async def _spin(self, point: Point) -> None:
+        """Called once the first query found ``point`` pending: query it between checkpoints
+        for a while if this stream's waits tend to be short, and not more than
+        ``max_spinners`` coroutines at a time."""
+        window = self._spin_window(point.driver, point.stream)
+        if window <= 0 or self._spinners >= _tuning.current.max_spinners:
+            return
         deadline = point.started + window
+        checkpoint, query, clock = self._checkpoint, self._query, time.perf_counter
         self._spinners += 1
         try:
             while True:
-                await anyio.lowlevel.checkpoint()
-                if point.done or self._query(point) or time.perf_counter() >= deadline:
-                    return True
+                await checkpoint()
+                if point.done or query(point) or clock() >= deadline:
+                    return
         finally:
             self._spinners -= 1
 
@@ -269,7 +348,8 @@ class Notifier:
         self._launch(remaining[0])
 
     async def _park(self, point: Point) -> None:
-        sleeper = anyio.Event()
+        new_event = self._backend.create_event
+        sleeper = new_event()
         point.sleepers.append(sleeper)
         self._parked[sleeper] = None
         self._watch(point)
@@ -286,7 +366,7 @@ class Notifier:
                     # spuriously: sleep again.
                     self._parked.pop(sleeper, None)
                     point.sleepers.remove(sleeper)
-                    sleeper = anyio.Event()
+                    sleeper = new_event()
                     point.sleepers.append(sleeper)
                     self._parked[sleeper] = None
                 else:
@@ -312,7 +392,7 @@ class Notifier:
                 with anyio.CancelScope() as scope:
                     self._drain_scope = scope
                     if not self._check:
-                        await anyio.wait_readable(self._fd)
+                        await self._backend.wait_readable(self._fd)
                         self._wakeups += 1
                 self._drain_scope = None
                 self._collect()
@@ -354,7 +434,7 @@ class Notifier:
                 if self._heads.get(key) is point:
                     del self._heads[key]
                 if not point.done:
-                    self._learn(point)
+                    self._learn(point.driver, point.stream, time.perf_counter() - point.started)
                     self._finish(point, None)
                 self._advance(key)
 
@@ -427,20 +507,31 @@ def running_notifier() -> Notifier | None:
     return None if n is None or n.closed else n
 
 
+#: The notifier this thread used last: found again by its loop's token without the RunVar.
+_here = threading.local()
+
+
 def current_notifier() -> Notifier:
     """The notifier of the running event loop, created on first use and closed when the loop
     ends."""
     if _release._deferred:
         _release.flush()
+    backend = get_async_backend()
+    token = backend.current_token()
+    n: Notifier | None = getattr(_here, "notifier", None)
+    if n is not None and n._token is token:  # a closed notifier's token is None
+        return n
     try:
         n = _NOTIFIER.get()
-        if not n.closed:
-            return n
+        if n.closed:
+            n = None
     except LookupError:
-        pass
-    n = Notifier()
-    n._bind_to_loop()
-    _NOTIFIER.set(n)
+        n = None
+    if n is None:
+        n = Notifier(backend, token)
+        n._bind_to_loop()
+        _NOTIFIER.set(n)
+    _here.notifier = n
     return n
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from ._pools import _EventPool
+from ._pools import give_back
 
 if TYPE_CHECKING:
     from .._driver import Driver
@@ -75,10 +75,7 @@ class Point:
         pool = self.pool
         if pool is not None:
             self.pool = None
-            if len(pool) < _EventPool._LIMIT:
-                pool.append(self.event)
-            else:
-                self.driver.event_destroy(self.event)
+            give_back(self.driver, pool, self.event)
 
     def _raise_if_failed(self) -> None:
         err = self.error

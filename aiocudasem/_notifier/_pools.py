@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     from .._driver import Driver
 
-__all__ = ("destroy_stream", "event_pool", "host_wait_streams", "side_streams", "take_event")
+__all__ = (
+    "destroy_stream",
+    "event_pool",
+    "give_back",
+    "host_wait_streams",
+    "side_streams",
+    "take_event",
+)
 
 
 class _EventPool:
@@ -55,6 +62,15 @@ def take_event(driver: Driver, device: int, free: list[int]) -> int:
         except IndexError:  # another thread took the last one
             pass
     return driver.event_create(device)
+
+
+def give_back(driver: Driver, free: list[int], event: int) -> None:
+    """Return a pooled event that nobody will query again to its free list (or destroy it, if
+    the list is full)."""
+    if len(free) < _EventPool._LIMIT:
+        free.append(event)
+    else:
+        driver.event_destroy(event)
 
 
 class _SideStreams:
