@@ -19,6 +19,10 @@ from aiocudasem.testing import workloads
 from ._approaches import Aiocudasem, Approach, BlockingSync
 from ._common import KERNEL_NS, US, pct, say, thread_cpu
 
+#: The kernels of the parked crowd: long enough that all 10,000 coroutines are waiting before
+#: they end (starting them takes about half a second on an H200 host).
+PARKED_KERNEL_NS: Final = 1_500_000_000
+
 # ---------------------------------------------------------------- the measurements
 
 
@@ -159,18 +163,36 @@ class Bench:
             drv.event_destroy(start)
             drv.event_destroy(end)
 
-    async def many(self, ap: Approach, waiters: int = 10_000, nstreams: int = 64) -> dict[str, Any]:
+    async def many(
+        self, ap: Approach, waiters: int = 10_000, nstreams: int = 64, kernel_ns: int = 20_000_000
+    ) -> dict[str, Any]:
+        """``waiters`` coroutines await ``nstreams`` streams, each running one kernel of
+        ``kernel_ns`` (one thread each: they run side by side and end together). Latency is
+        taken from before the launches (``p50_us``, ``p99_us``) and from the kernels' end
+        (``after_end_*``: the same less ``kernel_ns``; the spin kernel reads the GPU's
+        nanosecond timer, and its launch adds microseconds). ``started_before_end`` counts the
+        coroutines that were waiting before the kernels ended: with kernels long enough, all of
+        them, and the figures measure how a crowd of parked coroutines is woken.
+
+        Nothing else is enqueued on the streams: a timing event behind each kernel would be a
+        dependent command, and with more busy streams than the GPU's hardware queues
+        (``CUDA_DEVICE_MAX_CONNECTIONS``, 8 by default) it would hold back the commands of the
+        other streams that share its queue until its own kernel ended."""
         hs = self.streams[:nstreams]
         fds0 = len(os.listdir("/proc/self/fd"))
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         lat: list[float] = []
+        early = 0
         woke = 0
         peak_fds = fds0
+        kernel_s = kernel_ns / 1e9
 
         async def one(h: int, t0: float) -> None:
-            nonlocal woke
+            nonlocal woke, early
+            if time.perf_counter() - t0 < kernel_s:
+                early += 1
             await ap.wait(h)
-            lat.append((time.perf_counter() - t0) / US)
+            lat.append(time.perf_counter() - t0)
             woke += 1
 
         async def watch() -> None:
@@ -181,19 +203,25 @@ class Bench:
 
         t0 = time.perf_counter()
         for h in hs:
-            self.launch(h, 20_000_000)
+            self.launch(h, kernel_ns)
         with anyio.fail_after(120):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(watch)
                 for i in range(waiters):
                     tg.start_soon(one, hs[i % nstreams], t0)
+        from_t0 = [t / US for t in lat]
+        after_end = [(t - kernel_s) / US for t in lat]
         return {
             "woke": woke,
             "waiters": waiters,
+            "kernel_ms": kernel_ns / 1e6,
+            "started_before_end": early,
             "extra_fds_peak": peak_fds - fds0,
             "rss_growth_mib": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024,
-            "p50_us": statistics.median(lat),
-            "p99_us": pct(lat, 99),
+            "p50_us": statistics.median(from_t0),
+            "p99_us": pct(from_t0, 99),
+            "after_end_p50_us": statistics.median(after_end),
+            "after_end_p99_us": pct(after_end, 99),
         }
 
 
@@ -273,6 +301,7 @@ async def measure(b: Bench, ap: Approach, n: int, tput_s: float) -> dict[str, An
         run["stall_us"] = await b.stall(ap)
     if ap.name in ("aiocudasem", "poll0", "pycallback"):
         run["many"] = await b.many(ap)
+        run["many_parked"] = await b.many(ap, kernel_ns=PARKED_KERNEL_NS)
     say(
         f"  {ap.name:<18} wake {statistics.median(run['latency_100us']):.1f} us, "
         f"{run['awaits_per_s_1']:.0f} / {run['awaits_per_s_8']:.0f} awaits/s (1 / 8 streams)"
@@ -282,8 +311,8 @@ async def measure(b: Bench, ap: Approach, n: int, tput_s: float) -> dict[str, An
 
 
 async def run_trio(b: Bench, repeats: int) -> None:
-    """Wake latency on trio, ``repeats`` interleaved rounds: aiocudasem and the trio-native
-    alternatives."""
+    """Wake latency and throughput on trio, ``repeats`` interleaved rounds: aiocudasem and the
+    trio-native alternatives."""
     import trio
 
     class TrioPoll0(Approach):
@@ -300,13 +329,24 @@ async def run_trio(b: Bench, repeats: int) -> None:
             await trio.to_thread.run_sync(self.drv.stream_synchronize, h)
 
     n = 60 if b.quick else 300
+    tput_s = 0.3 if b.quick else 1.0
     out = b.results.setdefault("trio", {})
     approaches = [BlockingSync(b.drv), TrioPoll0(b.drv), TrioToThread(b.drv), Aiocudasem(b.drv)]
     progress = Progress(repeats * len(approaches))
     for r in range(repeats):
         for ap in _rotated(approaches, r):
             progress.step(f"trio round {r + 1}/{repeats}: {ap.name}")
-            await b.latency(ap, KERNEL_NS, 20)
-            lat = await b.latency(ap, KERNEL_NS, n)
-            entry = out.setdefault(ap.name, {"label": ap.label, "runs": []})
-            entry["runs"].append({"latency_100us": lat})
+            ap.setup()
+            try:
+                await b.latency(ap, KERNEL_NS, 20)
+                lat = await b.latency(ap, KERNEL_NS, n)
+                one = await b.throughput(ap, 1, tput_s)
+                eight = await b.throughput(ap, 8, tput_s)
+            finally:
+                ap.teardown()
+            run = {"latency_100us": lat, "awaits_per_s_1": one, "awaits_per_s_8": eight}
+            out.setdefault(ap.name, {"label": ap.label, "runs": []})["runs"].append(run)
+            say(
+                f"  trio {ap.name:<13} wake {statistics.median(lat):.1f} us, "
+                f"{one:.0f} / {eight:.0f} awaits/s (1 / 8 streams)"
+            )
