@@ -20,7 +20,6 @@ from ._notifier import (
     destroy_stream,
     event_pool,
     side_streams,
-    take_event,
 )
 from ._semaphore import Signal, Wait, check_same_device, resolve_driver
 
@@ -30,6 +29,11 @@ if TYPE_CHECKING:
     from typing import Self
 
 __all__ = ("Event", "HandOff", "Stream", "open_stream", "wait_external_semaphores", "wait_stream")
+
+#: After wait_complete() finds its stream busy, the next this many skip the idle check (a
+#: cuStreamQuery that saves recording an event when the stream is idle): a stream that was busy
+#: is likely to be busy again.
+_IDLE_CHECK_SKIPS = 15
 
 
 class Stream(OnDevice):
@@ -44,9 +48,10 @@ class Stream(OnDevice):
     always checkpoints.
     """
 
-    __slots__ = ("_events", "_owned")
+    __slots__ = ("_events", "_owned", "_skip_idle_checks")
     _events: list[int]
     _owned: bool
+    _skip_idle_checks: int
     _factory = "use aiocudasem.open_stream() or Stream.adopt() to get a Stream"
     _noun = "stream"
 
@@ -56,6 +61,7 @@ class Stream(OnDevice):
         self._driver = driver
         self._device = device
         self._owned = owned
+        self._skip_idle_checks = 0
         self._events = event_pool.free_list(driver, device)
         self._own(handle, partial(destroy_stream, driver, handle) if owned else None)
         return self
@@ -171,12 +177,19 @@ class Stream(OnDevice):
         handle = self.handle
         drv = self._driver
         notifier = current_notifier()
-        if drv.stream_query(handle):
+        if self._skip_idle_checks:
+            self._skip_idle_checks -= 1
+        elif drv.stream_query(handle):
             # Idle: everything enqueued so far has completed. No event, only the checkpoint.
             await notifier.checkpoint()
             return
+        else:  # busy: likely busy again next time, so look again only every few waits
+            self._skip_idle_checks = _IDLE_CHECK_SKIPS
         pool = self._events
-        event = take_event(drv, self._device, pool)
+        try:
+            event = pool.pop()
+        except IndexError:  # none free (or another thread took the last one)
+            event = drv.event_create(self._device)
         try:
             drv.event_record(event, handle)
         except BaseException:

@@ -4,13 +4,15 @@ closes a notifier when its loop ends."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import itertools
 import os
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
@@ -20,11 +22,16 @@ import anyio.lowlevel
 # and calls it directly (the public anyio.abc.AsyncBackend interface).
 from anyio._core._eventloop import get_async_backend
 
+try:  # trio needs it; asyncio alone does not (anyio then assumes asyncio, as here)
+    import sniffio
+except ImportError:  # pragma: no cover - the test environment has trio, hence sniffio
+    sniffio = None  # type: ignore[assignment]
+
 from .. import _notify, _release
 from .._errors import AiocudasemError
 from . import _tuning
 from ._points import Point
-from ._pools import give_back
+from ._pools import _EventPool, give_back
 from ._wake import STRATEGIES as _STRATEGIES
 from ._watchdog import _watchdog
 
@@ -41,11 +48,14 @@ class Notifier:
 
     def __init__(self, backend: type[AsyncBackend], token: object) -> None:
         # The loop this notifier serves: its anyio backend and its token (the asyncio loop, the
-        # trio token), which current_notifier() compares to find it again cheaply.
+        # trio token). current_notifier() finds it again with self._serves_running_loop().
         self._backend = backend
         self._token: object = token
-        #: The loop's checkpoint (its backend's), without looking the backend up each time.
-        self.checkpoint = self._checkpoint = backend.checkpoint
+        library = _library()
+        self._serves_running_loop = _running_check(library, token)
+        #: The loop's checkpoint, looked up once: what anyio's backend runs for
+        #: anyio.lowlevel.checkpoint(), called directly (one coroutine frame less per yield).
+        self.checkpoint = self._checkpoint = _checkpoint_of(library, backend)
         self._c = _notify.Notifier()
         self._fd = self._c.fileno()
         self._tokens = itertools.count(1)
@@ -99,6 +109,7 @@ class Notifier:
             return
         self.closed = True
         self._token = None  # do not keep the finished loop alive
+        self._serves_running_loop = _never
         _live_notifiers.discard(self)
         for key in self._watched:
             _watchdog.remove(self, key)
@@ -159,8 +170,21 @@ class Notifier:
             give_back(driver, pool, event)
             raise
         if ready:
-            self._learn(driver, stream, clock() - started)
-            give_back(driver, pool, event)
+            # As _learn() and give_back(), inline: this is the end of most awaits.
+            took = clock() - started
+            key = (id(driver), stream)
+            recent = self._recent
+            old = recent.get(key)
+            if old is not None:
+                recent[key] = 0.75 * old + 0.25 * took
+            else:
+                if len(recent) >= _RECENT_LIMIT:
+                    recent.clear()
+                recent[key] = took
+            if len(pool) < _POOL_LIMIT:
+                pool.append(event)
+            else:
+                driver.event_destroy(event)
             return
         point = Point(driver, device, stream, event, pool)
         point.started = started
@@ -249,11 +273,12 @@ class Notifier:
         return ready
 
     def _learn(self, driver: Driver, stream: int, took: float) -> None:
-        """Remember how long waits on ``stream`` take, for the spin window."""
+        """Remember how long waits on ``stream`` take, for the spin window. (wait_recorded()
+        does the same inline.)"""
         key = (id(driver), stream)
         old = self._recent.get(key)
         self._recent[key] = took if old is None else 0.75 * old + 0.25 * took
-        if len(self._recent) > 4096:
+        if len(self._recent) > _RECENT_LIMIT:
             self._recent.clear()
 
     def _spin_window(self, driver: Driver, stream: int) -> float:
@@ -507,7 +532,7 @@ def running_notifier() -> Notifier | None:
     return None if n is None or n.closed else n
 
 
-#: The notifier this thread used last: found again by its loop's token without the RunVar.
+#: The notifier this thread used last: found again without anyio's backend lookup.
 _here = threading.local()
 
 
@@ -516,11 +541,11 @@ def current_notifier() -> Notifier:
     ends."""
     if _release._deferred:
         _release.flush()
+    n: Notifier | None = getattr(_here, "notifier", None)
+    if n is not None and n._serves_running_loop():
+        return n
     backend = get_async_backend()
     token = backend.current_token()
-    n: Notifier | None = getattr(_here, "notifier", None)
-    if n is not None and n._token is token:  # a closed notifier's token is None
-        return n
     try:
         n = _NOTIFIER.get()
         if n.closed:
@@ -533,6 +558,77 @@ def current_notifier() -> Notifier:
         _NOTIFIER.set(n)
     _here.notifier = n
     return n
+
+
+# ---------------------------------------------------------------- the loop, cheaply
+#
+# Every await needs the running loop's notifier and its checkpoint. anyio finds the backend
+# with sniffio on every call (about 0.5 us); these find the loop that a notifier serves, and
+# its checkpoint, once.
+
+
+def _library() -> str | None:
+    """The running async library's name, as anyio detects it."""
+    if sniffio is None:
+        return "asyncio"
+    try:
+        return sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return None
+
+
+_POOL_LIMIT = _EventPool._LIMIT
+_RECENT_LIMIT = 4096  # streams whose recent wait times a notifier remembers
+
+_ASYNCIO_OR_UNSET = frozenset({None, "asyncio"})  # anyio.run sets sniffio's context variable
+
+
+def _never() -> bool:
+    return False
+
+
+def _running_check(library: str | None, token: object) -> Callable[[], bool]:
+    """A test that the running loop is still the one of ``token``, at least as strict as
+    sniffio's: a trio run sets sniffio's thread-local name (also as a guest on another loop), so
+    an asyncio loop counts only while that name is unset and sniffio's context variable names
+    asyncio or nothing; anything else fails the test, and current_notifier() then asks anyio."""
+    if library == "asyncio":
+        get_loop = asyncio.events._get_running_loop
+        if sniffio is None:
+            return lambda: get_loop() is token
+        local, cvar = sniffio.thread_local, sniffio.current_async_library_cvar
+        return lambda: (
+            local.name is None and cvar.get() in _ASYNCIO_OR_UNSET and get_loop() is token
+        )
+    if library == "trio" and sniffio is not None:
+        import trio
+
+        local, current = sniffio.thread_local, trio.lowlevel.current_trio_token
+
+        def trio_check() -> bool:
+            if local.name != "trio":
+                return False
+            try:
+                return current() is token
+            except RuntimeError:  # not inside trio.run
+                return False
+
+        return trio_check
+    return _never
+
+
+def _checkpoint_of(
+    library: str | None, backend: type[AsyncBackend]
+) -> Callable[[], Awaitable[Any]]:
+    """The backend's checkpoint, called natively where it is known to be exactly what anyio's
+    runs (asyncio: ``asyncio.sleep(0)``; trio: ``trio.lowlevel.checkpoint()``)."""
+    if library == "asyncio":
+        return functools.partial(asyncio.sleep, 0)
+    if library == "trio":
+        import trio
+
+        return trio.lowlevel.checkpoint
+    return backend.checkpoint
 
 
 def _after_fork_in_child() -> None:
