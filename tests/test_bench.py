@@ -32,11 +32,15 @@ def test_bench_repeats_interleaves_and_reports_spreads(tmp_path: Path) -> None:
         wake = data["summary"][name]["wake_us"]
         assert wake["runs"] == 2
         assert wake["min"] <= wake["median"] <= wake["max"]
-    assert data["summary"]["trio"]["aiocudasem"]["wake_us"]["runs"] == 2
+    trio = data["summary"]["trio"]["aiocudasem"]
+    assert trio["wake_us"]["runs"] == 2
+    assert trio["awaits_per_s_1"]["runs"] == trio["awaits_per_s_8"]["runs"] == 2
+    assert trio["awaits_per_s_1"]["median"] > 0
     page = (out / "performance.md").read_text()
     assert "SIMULATED" in page
     assert "2 rounds interleaved" in page
     assert "[" in page.split("| approach |", 1)[1]  # spreads, as [min-max]
+    assert "## trio: wake latency (100 us kernel) and throughput" in page
     if (out / "latency.png").exists():
         assert "![latency distributions](latency.png)" in page
     else:

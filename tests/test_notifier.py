@@ -335,3 +335,46 @@ def test_the_notifier_package_imports_go_one_way() -> None:
             assert set(used) <= set(order[:i]), f"{name} imports {used}"
             if node.module == "_tuning":
                 assert "current" not in {a.name for a in node.names}, name
+
+
+def test_each_loop_of_a_thread_gets_its_own_notifier_even_a_trio_guest_run() -> None:
+    """The notifier of the loop that ran last in a thread is remembered, and must not be handed
+    to another loop: a later asyncio.run, or a trio run as a guest on the asyncio loop (whose
+    tasks see asyncio's running loop too)."""
+    import asyncio
+
+    import trio
+
+    from aiocudasem._notifier import current_notifier
+
+    sim = SimDriver(devices=1)
+    seen: dict[str, object] = {}
+
+    async def busy_wait(key: str) -> None:
+        seen[key] = current_notifier()
+        async with acs.open_stream(driver=sim) as s:
+            gate = hold(s)
+            gate.set()
+            with anyio.fail_after(5):
+                await s.wait_complete()
+        assert current_notifier() is seen[key]
+
+    async def host() -> None:
+        await busy_wait("asyncio")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[object] = loop.create_future()
+        trio.lowlevel.start_guest_run(
+            busy_wait,
+            "guest",
+            run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+            done_callback=done.set_result,
+        )
+        (await done).unwrap()  # type: ignore[attr-defined]
+        assert current_notifier() is seen["asyncio"]
+
+    asyncio.run(host())
+    asyncio.run(busy_wait("second asyncio"))
+    trio.run(busy_wait, "trio")
+    notifiers = [seen[k] for k in ("asyncio", "guest", "second asyncio", "trio")]
+    assert len({id(n) for n in notifiers}) == 4
+    assert all(n.closed for n in notifiers)  # type: ignore[attr-defined]

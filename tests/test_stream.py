@@ -37,6 +37,34 @@ async def test_wait_complete_on_idle_stream_is_a_checkpoint(sim: SimDriver) -> N
         assert scope.cancelled_caught
 
 
+async def test_wait_complete_records_an_event_only_on_a_busy_stream(
+    sim: SimDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle stream has completed everything enqueued so far: the await is a checkpoint and
+    records nothing. A busy one records an event and waits for exactly that work."""
+    records: list[int] = []
+    record = sim.event_record
+
+    def counting(event: int, stream: int) -> None:
+        records.append(stream)
+        record(event, stream)
+
+    monkeypatch.setattr(sim, "event_record", counting)
+    async with acs.open_stream(driver=sim) as s:
+        with anyio.fail_after(5):
+            await s.wait_complete()
+        assert records == []  # not the stream's, nor the watchdog's: nothing parked
+        gate = hold(s)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.wait_complete)
+            await anyio.sleep(0.05)
+            # (The watchdog records its own event on the side stream, behind the parked wait.)
+            assert [h for h in records if h == s.handle] == [s.handle]
+            assert not s.query()  # still waiting for the held kernel
+            gate.set()
+        assert s.query()
+
+
 async def test_event_wait_and_query(sim: SimDriver) -> None:
     async with acs.open_stream(driver=sim) as s:
         gate = hold(s)

@@ -250,6 +250,30 @@ def test_unsupported_types_are_clear(cuda: acs.Driver) -> None:
         acs.import_semaphore(acs.HandleType.NVSCISYNC, 0x1000, driver=cuda)
 
 
+def test_the_wait_path_calls_are_c_and_translate_errors(cuda: acs.Driver) -> None:
+    """The real driver's wait-path methods are the C functions of _cucalls; a failure comes back
+    as the library's error, with CUDA's status and name."""
+    for name in ("event_record", "event_query", "stream_query", "stream_wait_event"):
+        assert type(getattr(cuda, name)).__name__ == "builtin_function_or_method", name
+    with pytest.raises(acs.CudaError) as info:
+        cuda.event_query(0)  # NULL: the driver refuses it
+    assert info.value.status == 400
+    assert info.value.name == "CUDA_ERROR_INVALID_HANDLE"
+    assert "cuEventQuery" in str(info.value)
+    s = cuda.stream_create(0, True, 0)
+    try:
+        with pytest.raises(acs.CudaError) as info:
+            cuda.stream_wait_event(s, 0)
+        assert info.value.status == 400
+        with pytest.raises(ValueError, match="NULL"):
+            cuda.launch_host_func(s, 0, 0)
+        with pytest.raises(TypeError):
+            cuda.event_record("event", s)  # type: ignore[arg-type]
+        assert cuda.stream_query(s)
+    finally:
+        cuda.stream_destroy(s)
+
+
 def test_bad_device_ordinal(cuda: acs.Driver) -> None:
     with pytest.raises(ValueError, match="does not exist"):
         acs.open_stream(cuda.device_count(), driver=cuda)

@@ -1,0 +1,41 @@
+"""The C driver calls of the wait path (``aiocudasem._cucalls``), without a GPU: bad input is
+refused before anything reaches the driver. tests/gpu/test_cuda.py drives them on the GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from aiocudasem import _cucalls
+
+
+def _raise(status: int, what: str) -> None:
+    raise AssertionError(f"{what} {status}")  # pragma: no cover - never called here
+
+
+@pytest.mark.parametrize(
+    ("args", "exc", "match"),
+    [
+        ((1, 2, 3, 4), TypeError, "takes 5 addresses and a callable"),
+        ((0, 1, 1, 1, 1, _raise), ValueError, "NULL"),
+        ((1, 1, 1, 1, -1, _raise), OverflowError, ""),
+        ((1, 1, 1, "x", 1, _raise), TypeError, "a CUDA handle is an int, not str"),
+        ((1, 1, 1, 1, 1, "not callable"), TypeError, "not callable"),
+    ],
+)
+def test_bind_refuses_bad_input_and_binds_nothing(
+    args: tuple[object, ...], exc: type[Exception], match: str
+) -> None:
+    with pytest.raises(exc, match=match or None):
+        _cucalls.bind(*args)  # type: ignore[arg-type]
+
+
+def test_calls_refuse_bad_handles_and_counts() -> None:
+    # Bound (a CUDA driver was made in this process) or not, these never reach the driver.
+    with pytest.raises((TypeError, RuntimeError)):
+        _cucalls.event_query(1, 2)  # type: ignore[call-arg]
+    with pytest.raises((OverflowError, RuntimeError)):
+        _cucalls.event_query(-1)
+    with pytest.raises((TypeError, RuntimeError)):
+        _cucalls.stream_query(1.5)  # type: ignore[arg-type]
+    with pytest.raises((ValueError, RuntimeError)):
+        _cucalls.launch_host_func(1, 0, 0)  # a NULL host function
