@@ -43,7 +43,6 @@ struct state {
     uint64_t wakeups;  /* writes to the fd, for tests and statistics */
     uint64_t fired;    /* host functions called */
     int reported;      /* the fd holds a wake-up that drain() has not consumed yet */
-    int kicked;        /* kick() wrote the fd since drain() last consumed it */
     int closed;
     int rfd;
     int wfd;           /* == rfd for an eventfd */
@@ -251,15 +250,13 @@ static void put_back(state_t *st, node_t *n) {
 static PyObject *Notifier_drain(NotifierObject *self, PyObject *Py_UNUSED(ignored)) {
     state_t *st = open_state(self);
     if (!st) return NULL;
-    /* Every write to the fd happens under the lock and sets `reported` or `kicked`, so the fd
-     * is read (here, under the lock too) only when it holds a wake-up: a drain that finds
-     * nothing, which every waiter that leaves makes, costs no system call. */
+    /* Consume the fd before taking the queue: a completion queued after the read either lands
+     * in the queue we take, or finds reported == 0 and writes the fd again. */
+    drain_fd(st->rfd);
     pthread_mutex_lock(&st->lock);
-    if (st->reported || st->kicked) drain_fd(st->rfd);
     node_t *n = st->head;
     st->head = st->tail = NULL;
     st->reported = 0;
-    st->kicked = 0;
     pthread_mutex_unlock(&st->lock);
 
     Py_ssize_t count = 0;
@@ -290,10 +287,7 @@ static PyObject *Notifier_kick(NotifierObject *self, PyObject *Py_UNUSED(ignored
     if (!st) Py_RETURN_FALSE;
     pthread_mutex_lock(&st->lock);
     int open = !st->closed;
-    if (open) {
-        st->kicked = 1;
-        wake_fd(st->wfd);
-    }
+    if (open) wake_fd(st->wfd);
     pthread_mutex_unlock(&st->lock);
     return PyBool_FromLong(open);
 }

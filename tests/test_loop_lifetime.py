@@ -217,6 +217,31 @@ def test_a_forked_child_gets_a_clear_error_not_a_hang() -> None:
     anyio.run(sem.aclose)
 
 
+@pytest.mark.anyio
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # 3.12+: fork() with threads
+async def test_a_fork_does_not_leave_the_parents_parked_loop_spinning() -> None:
+    """A forked child shares the parent's eventfd; whatever it writes there (its at-fork handler
+    wakes its own inherited loops) must cost the parked parent one wake-up, not a busy loop."""
+    import time
+
+    sim = SimDriver(devices=1)
+    async with acs.open_stream(driver=sim) as s:
+        workloads(sim).launch_spin(s.handle, 800_000_000)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.wait_complete)
+            await anyio.sleep(0.2)  # parked: the drainer sleeps on the fd
+            assert statistics().parked == 1
+            woke, cpu = statistics().drainer_wakeups, time.process_time()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - a child that never runs a loop
+                os._exit(0)
+            assert wait_for_child(pid, 30) == 0
+        woke = statistics().drainer_wakeups - woke
+        cpu = time.process_time() - cpu
+    assert woke <= 3, f"the parent's drainer woke {woke} times"
+    assert cpu < 0.3, f"the parent used {cpu:.2f} s of CPU while parked"
+
+
 def _used_semaphore(sim: SimDriver) -> tuple[acs.ExternalSemaphore, Any]:
     from aiocudasem.testing import import_sim_semaphore
 
