@@ -11,7 +11,8 @@
  *
  * The function pointers come from the driver itself (cuGetProcAddress, through the bindings,
  * pinned to the CUDA 12.0 ABI of each function), so this module links to nothing and works with
- * whichever libcuda the bindings loaded. Until bind() is called every call raises.
+ * whichever libcuda the bindings loaded. Until bind() is called, and after unbind() (which the
+ * real driver calls in a forked child), every call raises.
  *
  * The calls that enqueue work (record, wait, launch) release the GIL: the driver can block in
  * them (a full push buffer), and a host function of another library may be waiting for the GIL
@@ -30,11 +31,15 @@ static cu_result (*p_stream_query)(void *stream);
 static cu_result (*p_stream_wait_event)(void *stream, void *event, unsigned int flags);
 static cu_result (*p_launch_host_func)(void *stream, host_fn_t fn, void *user_data);
 static PyObject *fail_factory; /* fail(status, what): raises the library's error */
+static PyObject *refusal;      /* refuse(): raises why the calls are unbound, after unbind() */
 
 #define NOT_READY 600 /* CUDA_ERROR_NOT_READY */
 
 static PyObject *fail(cu_result r, const char *what) {
-    PyObject *out = PyObject_CallFunction(fail_factory, "is", (int)r, what);
+    PyObject *factory = fail_factory; /* bind() may replace it during the call */
+    Py_INCREF(factory);
+    PyObject *out = PyObject_CallFunction(factory, "is", (int)r, what);
+    Py_DECREF(factory);
     if (out) {
         Py_DECREF(out);
         PyErr_Format(PyExc_RuntimeError, "%s failed (%d) and the error factory returned", what,
@@ -56,7 +61,7 @@ static PyObject *ready_or_fail(cu_result r, const char *what) {
 
 static int as_handle(PyObject *o, void **out) {
     /* A CUDA handle is a non-negative int (0 is the default stream). */
-    if (!PyLong_Check(o)) {
+    if (!PyLong_Check(o) || PyBool_Check(o)) {
         PyErr_Format(PyExc_TypeError, "a CUDA handle is an int, not %.100s", Py_TYPE(o)->tp_name);
         return -1;
     }
@@ -72,6 +77,12 @@ static int check_args(const char *name, Py_ssize_t nargs, Py_ssize_t want, const
         return -1;
     }
     if (!fn || !fail_factory) {
+        if (refusal) {
+            /* unbind(refuse): refuse() raises the reason (a forked child, say). */
+            PyObject *out = PyObject_CallNoArgs(refusal);
+            if (!out) return -1;
+            Py_DECREF(out);
+        }
         PyErr_SetString(PyExc_RuntimeError, "the CUDA driver calls are not bound (bind() first)");
         return -1;
     }
@@ -82,9 +93,10 @@ static PyObject *cu_event_record(PyObject *Py_UNUSED(m), PyObject *const *args, 
     void *event, *stream;
     if (check_args("event_record", nargs, 2, p_event_record) < 0) return NULL;
     if (as_handle(args[0], &event) < 0 || as_handle(args[1], &stream) < 0) return NULL;
+    cu_result (*call)(void *, void *) = p_event_record; /* read with the GIL held */
     cu_result r;
     Py_BEGIN_ALLOW_THREADS
-    r = p_event_record(event, stream);
+    r = call(event, stream);
     Py_END_ALLOW_THREADS
     return done_or_fail(r, "cuEventRecord");
 }
@@ -107,9 +119,10 @@ static PyObject *cu_stream_wait_event(PyObject *Py_UNUSED(m), PyObject *const *a
     void *stream, *event;
     if (check_args("stream_wait_event", nargs, 2, p_stream_wait_event) < 0) return NULL;
     if (as_handle(args[0], &stream) < 0 || as_handle(args[1], &event) < 0) return NULL;
+    cu_result (*call)(void *, void *, unsigned int) = p_stream_wait_event;
     cu_result r;
     Py_BEGIN_ALLOW_THREADS
-    r = p_stream_wait_event(stream, event, 0);
+    r = call(stream, event, 0);
     Py_END_ALLOW_THREADS
     return done_or_fail(r, "cuStreamWaitEvent");
 }
@@ -124,9 +137,10 @@ static PyObject *cu_launch_host_func(PyObject *Py_UNUSED(m), PyObject *const *ar
         PyErr_SetString(PyExc_ValueError, "the host function is NULL");
         return NULL;
     }
+    cu_result (*call)(void *, host_fn_t, void *) = p_launch_host_func;
     cu_result r;
     Py_BEGIN_ALLOW_THREADS
-    r = p_launch_host_func(stream, (host_fn_t)fn, user_data);
+    r = call(stream, (host_fn_t)fn, user_data);
     Py_END_ALLOW_THREADS
     return done_or_fail(r, "cuLaunchHostFunc");
 }
@@ -154,6 +168,7 @@ static PyObject *cu_bind(PyObject *Py_UNUSED(m), PyObject *const *args, Py_ssize
     }
     Py_INCREF(args[5]);
     Py_XSETREF(fail_factory, args[5]);
+    Py_CLEAR(refusal);
     p_event_record = (cu_result(*)(void *, void *))p[0];
     p_event_query = (cu_result(*)(void *))p[1];
     p_stream_query = (cu_result(*)(void *))p[2];
@@ -162,7 +177,27 @@ static PyObject *cu_bind(PyObject *Py_UNUSED(m), PyObject *const *args, Py_ssize
     Py_RETURN_NONE;
 }
 
+static PyObject *cu_unbind(PyObject *Py_UNUSED(m), PyObject *refuse) {
+    /* unbind(refuse): forget the driver's addresses (in a forked child they mean nothing);
+     * from now on every call raises what refuse() raises. */
+    if (!PyCallable_Check(refuse)) {
+        PyErr_SetString(PyExc_TypeError, "unbind(): refuse is not callable");
+        return NULL;
+    }
+    p_event_record = NULL;
+    p_event_query = NULL;
+    p_stream_query = NULL;
+    p_stream_wait_event = NULL;
+    p_launch_host_func = NULL;
+    Py_CLEAR(fail_factory);
+    Py_INCREF(refuse);
+    Py_XSETREF(refusal, refuse);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"unbind", (PyCFunction)cu_unbind, METH_O,
+     "unbind(refuse): forget the addresses; every call then raises what refuse() raises."},
     {"bind", (PyCFunction)(void (*)(void))cu_bind, METH_FASTCALL,
      "bind(record, query, stream_query, stream_wait_event, launch_host_func, fail): the "
      "driver's function addresses and the error factory."},
@@ -182,7 +217,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef cucalls_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "aiocudasem._cucalls",
-    .m_doc = "The CUDA driver calls of the wait path, returning the CUresult.",
+    .m_doc = "The CUDA driver calls of the wait path; a failure raises the driver's error.",
     .m_size = -1,
     .m_methods = methods,
 };

@@ -3,6 +3,9 @@ refused before anything reaches the driver. tests/gpu/test_cuda.py drives them o
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from aiocudasem import _cucalls
@@ -39,3 +42,37 @@ def test_calls_refuse_bad_handles_and_counts() -> None:
         _cucalls.stream_query(1.5)  # type: ignore[arg-type]
     with pytest.raises((ValueError, RuntimeError)):
         _cucalls.launch_host_func(1, 0, 0)  # a NULL host function
+
+
+def test_unbind_makes_every_call_raise_the_given_reason() -> None:
+    """What a forked child's driver does: forget the addresses and refuse with its reason, even
+    for a function taken before (in a fresh process, so that no bound driver is touched)."""
+    code = """if True:
+        from aiocudasem import _cucalls
+
+        query = _cucalls.event_query
+
+        def refuse():
+            raise OSError("refused: forked")
+
+        _cucalls.unbind(refuse)
+        for call, args in ((query, (1,)), (_cucalls.event_record, (1, 2)),
+                           (_cucalls.launch_host_func, (1, 2, 3))):
+            try:
+                call(*args)
+            except OSError as exc:
+                assert "forked" in str(exc)
+            else:
+                raise SystemExit(f"{call} did not refuse")
+        print("refused")
+    """
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "refused"
+
+
+def test_unbind_needs_a_callable_and_bools_are_not_handles() -> None:
+    with pytest.raises(TypeError, match="not callable"):
+        _cucalls.unbind("no")  # type: ignore[arg-type]
+    with pytest.raises((TypeError, RuntimeError)):
+        _cucalls.stream_query(True)

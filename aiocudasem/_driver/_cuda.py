@@ -62,6 +62,10 @@ class _Forked:
         raise forked_error("cuda")
 
 
+def _refuse_forked() -> NoReturn:
+    raise forked_error("cuda")
+
+
 def _bind_fast_calls(d: Any, fail: Callable[[int, str], NoReturn]) -> None:
     """Hand the driver's addresses of the wait path's functions, and the error factory, to
     ``_cucalls``."""
@@ -122,10 +126,12 @@ class CudaDriver:
         track(self)
 
     def _after_fork(self) -> None:
-        # A forked child cannot use the parent's CUDA state: refuse every call clearly.
+        # A forked child cannot use the parent's CUDA state: refuse every call clearly, the C
+        # functions too (a coroutine may hold one from before the fork).
         self._d = self._c = _Forked()
         for name in _FAST_METHODS:
             vars(self).pop(name, None)  # back to the methods, which call self._c
+        _cucalls.unbind(_refuse_forked)
 
     # ------------------------------------------------------------------ helpers
 

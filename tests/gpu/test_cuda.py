@@ -274,6 +274,29 @@ def test_the_wait_path_calls_are_c_and_translate_errors(cuda: acs.Driver) -> Non
         cuda.stream_destroy(s)
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # 3.12+: fork() with threads
+def test_a_forked_child_refuses_the_c_calls_taken_before_the_fork(cuda: acs.Driver) -> None:
+    """A wait path that held the C query across the fork (a spinning coroutine does) must get
+    the driver's fork error in the child, not call CUDA with the parent's handles."""
+    from tests.conftest import wait_for_child
+
+    query = cuda.event_query
+    ev = cuda.event_create(0)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit code
+        code = 10
+        try:
+            query(ev)
+        except acs.DriverUnavailableError as exc:
+            code = 0 if "fork" in str(exc) else 11
+        except BaseException:
+            code = 12
+        os._exit(code)
+    assert wait_for_child(pid, 30) == 0
+    cuda.event_destroy(ev)
+    assert cuda.event_query is query  # the parent's calls are untouched
+
+
 def test_bad_device_ordinal(cuda: acs.Driver) -> None:
     with pytest.raises(ValueError, match="does not exist"):
         acs.open_stream(cuda.device_count(), driver=cuda)
