@@ -34,6 +34,10 @@ __all__ = ("Event", "HandOff", "Stream", "open_stream", "wait_external_semaphore
 #: cuStreamQuery that saves recording an event when the stream is idle): a stream that was busy
 #: is likely to be busy again.
 _IDLE_CHECK_SKIPS = 15
+#: Handles 0, 1 and 2 (the default, legacy and per-thread default streams) never take the idle
+#: shortcut: an event recorded on the legacy stream also waits for the work of every blocking
+#: stream, which cuStreamQuery of it may not.
+_DEFAULT_STREAMS = 2
 
 
 class Stream(OnDevice):
@@ -177,9 +181,9 @@ class Stream(OnDevice):
         handle = self.handle
         drv = self._driver
         notifier = current_notifier()
-        if self._skip_idle_checks:
+        if self._skip_idle_checks > 0:
             self._skip_idle_checks -= 1
-        elif drv.stream_query(handle):
+        elif handle > _DEFAULT_STREAMS and drv.stream_query(handle):
             # Idle: everything enqueued so far has completed. No event, only the checkpoint.
             await notifier.checkpoint()
             return

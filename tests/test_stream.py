@@ -177,11 +177,20 @@ async def test_adopt_foreign_stream_borrows_it(sim: SimDriver) -> None:
             await owner.wait_complete()
 
 
-async def test_adopt_raw_legacy_default_stream(sim: SimDriver) -> None:
+async def test_adopt_raw_legacy_default_stream(
+    sim: SimDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default streams (0, 1, 2) always record their event, idle or not: on the legacy
+    stream it also waits for every blocking stream, which a query of it may not."""
+    records: list[int] = []
+    record = sim.event_record
+    monkeypatch.setattr(sim, "event_record", lambda e, h: (records.append(h), record(e, h)))
     s = acs.Stream.adopt(0, driver=sim)
     assert s.device == 0
     with anyio.fail_after(5):
         await s.wait_complete()
+        await s.wait_complete()
+    assert records.count(0) == 2
     await s.aclose()
 
 
