@@ -20,6 +20,7 @@ from ._notifier import (
     destroy_stream,
     event_pool,
     side_streams,
+    take_event,
 )
 from ._semaphore import Signal, Wait, check_same_device, resolve_driver
 
@@ -190,10 +191,7 @@ class Stream(OnDevice):
         else:  # busy: likely busy again next time, so look again only every few waits
             self._skip_idle_checks = _IDLE_CHECK_SKIPS
         pool = self._events
-        try:
-            event = pool.pop()
-        except IndexError:  # none free (or another thread took the last one)
-            event = drv.event_create(self._device)
+        event = take_event(drv, self._device, pool)
         try:
             drv.event_record(event, handle)
         except BaseException:

@@ -31,7 +31,7 @@ from .. import _notify, _release
 from .._errors import AiocudasemError
 from . import _tuning
 from ._points import Point
-from ._pools import _EventPool, give_back
+from ._pools import give_back
 from ._wake import STRATEGIES as _STRATEGIES
 from ._watchdog import _watchdog
 
@@ -47,15 +47,15 @@ class Notifier:
     """The per-loop half of the notifier: the C queue and fd, the armed points, the drainer."""
 
     def __init__(self, backend: type[AsyncBackend], token: object) -> None:
-        # The loop this notifier serves: its anyio backend and its token (the asyncio loop, the
-        # trio token). current_notifier() finds it again with self._serves_running_loop().
+        # The loop this notifier serves: its anyio backend, and a test that the running loop is
+        # still the one of ``token`` (the asyncio loop, the trio token), with which
+        # current_notifier() finds it again.
         self._backend = backend
-        self._token: object = token
         library = _library()
         self._serves_running_loop = _running_check(library, token)
         #: The loop's checkpoint, looked up once: what anyio's backend runs for
         #: anyio.lowlevel.checkpoint(), called directly (one coroutine frame less per yield).
-        self.checkpoint = self._checkpoint = _checkpoint_of(library, backend)
+        self.checkpoint = _checkpoint_of(library, backend)
         self._c = _notify.Notifier()
         self._fd = self._c.fileno()
         self._tokens = itertools.count(1)
@@ -108,8 +108,7 @@ class Notifier:
         if self.closed:
             return
         self.closed = True
-        self._token = None  # do not keep the finished loop alive
-        self._serves_running_loop = _never
+        self._serves_running_loop = _never  # drops the token: the finished loop is not kept
         _live_notifiers.discard(self)
         for key in self._watched:
             _watchdog.remove(self, key)
@@ -151,12 +150,12 @@ class Notifier:
         started = clock()
         query = driver.event_query
         try:
-            await self._checkpoint()
+            await self.checkpoint()
             ready = query(event)
             if not ready and self._spinners < _tuning.current.max_spinners:
                 deadline = started + self._spin_window(driver, stream)
                 if deadline > started:
-                    checkpoint = self._checkpoint
+                    checkpoint = self.checkpoint
                     self._spinners += 1
                     try:
                         while True:
@@ -170,21 +169,8 @@ class Notifier:
             give_back(driver, pool, event)
             raise
         if ready:
-            # As _learn() and give_back(), inline: this is the end of most awaits.
-            took = clock() - started
-            key = (id(driver), stream)
-            recent = self._recent
-            old = recent.get(key)
-            if old is not None:
-                recent[key] = 0.75 * old + 0.25 * took
-            else:
-                if len(recent) >= _RECENT_LIMIT:
-                    recent.clear()
-                recent[key] = took
-            if len(pool) < _POOL_LIMIT:
-                pool.append(event)
-            else:
-                driver.event_destroy(event)
+            self._learn(driver, stream, clock() - started)
+            give_back(driver, pool, event)
             return
         point = Point(driver, device, stream, event, pool)
         point.started = started
@@ -220,13 +206,13 @@ class Notifier:
         point.waiting += 1
         try:
             if point.done:
-                await self._checkpoint()
+                await self.checkpoint()
             elif point.token:  # armed by an earlier waiter: share its host function
                 await self._park(point)
             else:
                 # A checkpoint first, which gives the GPU a moment, so that the first query is
                 # more often the last.
-                await self._checkpoint()
+                await self.checkpoint()
                 if not point.done and not self._query(point):
                     await self._settle(point)
         finally:
@@ -273,13 +259,16 @@ class Notifier:
         return ready
 
     def _learn(self, driver: Driver, stream: int, took: float) -> None:
-        """Remember how long waits on ``stream`` take, for the spin window. (wait_recorded()
-        does the same inline.)"""
+        """Remember how long waits on ``stream`` take, for the spin window."""
         key = (id(driver), stream)
-        old = self._recent.get(key)
-        self._recent[key] = took if old is None else 0.75 * old + 0.25 * took
-        if len(self._recent) > _RECENT_LIMIT:
-            self._recent.clear()
+        recent = self._recent
+        old = recent.get(key)
+        if old is not None:
+            recent[key] = 0.75 * old + 0.25 * took
+        else:
+            if len(recent) >= _RECENT_LIMIT:
+                recent.clear()
+            recent[key] = took
 
     def _spin_window(self, driver: Driver, stream: int) -> float:
         """How long a wait on ``stream`` may spin, from its start: up to ``spin_limit``, about
@@ -300,7 +289,7 @@ class Notifier:
         if window <= 0 or self._spinners >= _tuning.current.max_spinners:
             return
         deadline = point.started + window
-        checkpoint, query, clock = self._checkpoint, self._query, time.perf_counter
+        checkpoint, query, clock = self.checkpoint, self._query, time.perf_counter
         self._spinners += 1
         try:
             while True:
@@ -577,7 +566,6 @@ def _library() -> str | None:
         return None
 
 
-_POOL_LIMIT = _EventPool._LIMIT
 _RECENT_LIMIT = 4096  # streams whose recent wait times a notifier remembers
 
 _ASYNCIO_OR_UNSET = frozenset({None, "asyncio"})  # anyio.run sets sniffio's context variable
