@@ -378,3 +378,25 @@ def test_each_loop_of_a_thread_gets_its_own_notifier_even_a_trio_guest_run() -> 
     notifiers = [seen[k] for k in ("asyncio", "guest", "second asyncio", "trio")]
     assert len({id(n) for n in notifiers}) == 4
     assert all(n.closed for n in notifiers)  # type: ignore[attr-defined]
+
+
+async def test_one_long_wait_does_not_leave_a_stream_of_short_work_parking() -> None:
+    """The spin window follows the stream's recent wait times, and a parked wait's time
+    includes its wake-up, which can cost more than spin_limit by itself. So a stream whose
+    history says "long" still spins on one wait in 16, and a wait within spin_limit starts the
+    history over: one long wait cannot leave short work parking for good."""
+    from aiocudasem._notifier import current_notifier
+
+    sim = SimDriver(devices=1)
+    notifier = current_notifier()
+    limit = acs.configure().spin_limit
+    key = (id(sim), 7)
+    notifier._learn(sim, 7, 1.0)  # one long wait: 1 s
+    windows = [notifier._spin_window(sim, 7) for _ in range(32)]
+    assert windows.count(limit) == 2  # the probes
+    assert windows.count(0.0) == 30
+    notifier._learn(sim, 7, 3 * limit)  # a parked short wait, its wake-up included
+    assert notifier._recent[key] > limit  # still "long" on average
+    notifier._learn(sim, 7, limit / 4)  # a probe caught the work
+    assert notifier._recent[key] == limit / 4
+    assert 0 < notifier._spin_window(sim, 7) <= limit

@@ -71,6 +71,7 @@ class Notifier:
         self._drain_scope: anyio.CancelScope | None = None
         self._spinners = 0
         self._recent: dict[tuple[int, int], float] = {}  # (driver, stream) -> recent wait time
+        self._unspun: dict[tuple[int, int], int] = {}  # waits that did not spin since the last
         self._watched: dict[tuple[Driver, int], int] = {}  # devices of parked points -> count
         self._check = False  # set by the watchdog thread: a device parked on has faulted
         self._wakeups = 0  # times a drainer woke from the fd
@@ -259,12 +260,17 @@ class Notifier:
         return ready
 
     def _learn(self, driver: Driver, stream: int, took: float) -> None:
-        """Remember how long waits on ``stream`` take, for the spin window."""
+        """Remember how long waits on ``stream`` take, for the spin window: a moving average,
+        except that a wait within ``spin_limit`` where the average said longer starts it over.
+        A parked wait's time includes its wake-up, which can cost more than ``spin_limit``
+        itself; without the reset, one long wait would leave a stream of short work parking
+        for good."""
         key = (id(driver), stream)
         recent = self._recent
         old = recent.get(key)
         if old is not None:
-            recent[key] = 0.75 * old + 0.25 * took
+            long_before = old > _tuning.current.spin_limit >= took
+            recent[key] = took if long_before else 0.75 * old + 0.25 * took
         else:
             if len(recent) >= _RECENT_LIMIT:
                 recent.clear()
@@ -272,13 +278,23 @@ class Notifier:
 
     def _spin_window(self, driver: Driver, stream: int) -> float:
         """How long a wait on ``stream`` may spin, from its start: up to ``spin_limit``, about
-        twice what its recent waits took, and not at all if they took longer than the limit."""
+        twice what its recent waits took. If they took longer than the limit, not at all, but
+        for one wait in ``_PROBE_EVERY``, which spins the whole limit: if it catches the work,
+        the stream's waits are short again (see _learn())."""
         limit = _tuning.current.spin_limit
-        recent = self._recent.get((id(driver), stream))
+        key = (id(driver), stream)
+        recent = self._recent.get(key)
         if recent is None:
             return limit
         if recent > limit:
-            return 0.0
+            skipped = self._unspun.get(key, 0) + 1
+            if skipped < _PROBE_EVERY:
+                if len(self._unspun) >= _RECENT_LIMIT:
+                    self._unspun.clear()
+                self._unspun[key] = skipped
+                return 0.0
+            self._unspun.pop(key, None)
+            return limit
         return min(limit, 2.0 * recent + 20e-6)
 
     async def _spin(self, point: Point) -> None:
@@ -567,6 +583,7 @@ def _library() -> str | None:
 
 
 _RECENT_LIMIT = 4096  # streams whose recent wait times a notifier remembers
+_PROBE_EVERY = 16  # a stream whose waits are long still spins on one wait in this many
 
 _ASYNCIO_OR_UNSET = frozenset({None, "asyncio"})  # anyio.run sets sniffio's context variable
 

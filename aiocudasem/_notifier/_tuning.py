@@ -20,7 +20,8 @@ class Tuning:
     """Knobs of the wait strategy. Change them with :func:`aiocudasem.configure`."""
 
     #: Longest a coroutine spins (queries between checkpoints) before parking, in seconds.
-    #: Streams whose recent waits took longer than this never spin. 0 disables spinning.
+    #: Streams whose recent waits took longer than this spin on one wait in 16 only (to notice
+    #: when they become short again). 0 disables spinning.
     spin_limit: float = 250e-6
     #: At most this many coroutines per event loop spin at once; the rest park at once.
     max_spinners: int = 8
