@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -120,3 +121,31 @@ def wait_for_child(pid: int, timeout: float) -> int:
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     pytest.fail(f"the forked child hung for {timeout} s")
+
+
+class StallWatch:
+    """Measures how long the whole process stood still, for tests that bound how promptly
+    something happens. A thread sleeps 1 ms at a time and keeps the longest gap between its
+    wake-ups: a garbage collection, another thread holding the GIL or a host that stops the
+    process for a while shows up there. A bound of ``limit + watch.stall`` then fails on the
+    library's own delays, not on a stall of the machine that the library cannot help."""
+
+    def __init__(self) -> None:
+        self.stall = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stall-watch", daemon=True)
+
+    def _run(self) -> None:
+        last = time.perf_counter()
+        while not self._stop.wait(0.001):
+            now = time.perf_counter()
+            self.stall = max(self.stall, now - last - 0.001)
+            last = now
+
+    def __enter__(self) -> StallWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
