@@ -15,6 +15,7 @@ from ._errors import DriverUnavailableError as DriverUnavailableError
 from ._errors import UnsupportedHandleTypeError as UnsupportedHandleTypeError
 from ._errors import VulkanError as VulkanError
 from ._errors import VulkanUnavailableError as VulkanUnavailableError
+from ._foreign import wait_event as wait_event
 from ._handles import HandleType as HandleType
 from ._notifier import Tuning as Tuning
 from ._notifier import configure as configure
@@ -54,6 +55,7 @@ __all__ = (
     "get_driver",
     "import_semaphore",
     "open_stream",
+    "wait_event",
     "wait_external_semaphores",
     "wait_stream",
 )

@@ -336,10 +336,11 @@ class Notifier:
         token = next(self._tokens)
         user = self._c.arm(token)
         try:
-            # The wake strategy in force (see _wake) enqueues the host function.
-            _STRATEGIES[_tuning.current.wake].launch(
-                drv, point.device, point.stream, point.event, user
-            )
+            # The wake strategy in force (see _wake) enqueues the host function; a foreign
+            # event's point (a negative stream key, see _foreign) has no work stream to launch
+            # it on, so it always takes the side stream.
+            wake = _tuning.current.wake if point.stream >= 0 else "side_stream"
+            _STRATEGIES[wake].launch(drv, point.device, point.stream, point.event, user)
         except AiocudasemError as exc:
             self._c.disarm(user)
             self._unchain(point)

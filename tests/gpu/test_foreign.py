@@ -81,3 +81,82 @@ async def test_our_stream_is_usable_by_cuda_core(cuda: acs.Driver) -> None:
         workloads(cuda).launch_spin(ours.handle, 1_000_000)
         theirs.sync()
         assert ours.query()
+
+
+# ---------------------------------------------------------------- wait_event: foreign events
+
+
+async def test_wait_event_on_a_raw_handle(cuda: acs.Driver) -> None:
+    async with acs.open_stream(driver=cuda) as s:
+        ev = cuda.event_create(0)
+        try:
+            workloads(cuda).launch_spin(s.handle, 20_000_000)  # 20 ms
+            cuda.event_record(ev, s.handle)
+            assert not cuda.event_query(ev)
+            t0 = time.perf_counter()
+            with anyio.fail_after(30):
+                await acs.wait_event(ev, driver=cuda)
+            took = time.perf_counter() - t0
+            assert cuda.event_query(ev)
+            assert took > 0.005, f"returned after {took * 1e3:.2f} ms"
+            # A cancelled wait abandons the observation only; the next one completes.
+            workloads(cuda).launch_spin(s.handle, 50_000_000)
+            cuda.event_record(ev, s.handle)
+            with anyio.move_on_after(0.005) as scope:
+                await acs.wait_event(ev, driver=cuda)
+            assert scope.cancelled_caught
+            with anyio.fail_after(30):
+                await acs.wait_event(ev, driver=cuda)
+            assert cuda.event_query(ev)
+        finally:
+            await s.wait_complete()
+            cuda.event_destroy(ev)
+
+
+async def test_wait_event_on_a_pytorch_event(cuda: acs.Driver) -> None:
+    torch = pytest.importorskip("torch")
+    s = torch.cuda.Stream()
+    a = torch.rand(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+    never_recorded = torch.cuda.Event()
+    with anyio.fail_after(5):
+        await acs.wait_event(never_recorded, driver=cuda)  # complete, as query() says
+    ev = torch.cuda.Event()
+    with torch.cuda.stream(s):
+        for _ in range(60):  # tens of ms of PyTorch's own work on its own stream
+            b = a @ a
+        ev.record(s)
+    assert not ev.query()
+    with anyio.fail_after(30):
+        await acs.wait_event(ev, driver=cuda)
+    assert ev.query()  # PyTorch agrees that the work it captured is done
+    assert torch.isfinite(b).all()
+
+
+async def test_wait_event_on_a_cupy_event(cuda: acs.Driver) -> None:
+    cp = pytest.importorskip("cupy")
+    s = cp.cuda.Stream(non_blocking=True)
+    ev = cp.cuda.Event()
+    with s:
+        a = cp.arange(1 << 22, dtype=cp.int64)
+        total = a.sum()
+        ev.record(s)
+    with anyio.fail_after(30):
+        await acs.wait_event(ev, driver=cuda)
+    assert ev.done
+    assert int(total) == (1 << 22) * ((1 << 22) - 1) // 2
+
+
+async def test_wait_event_on_a_cuda_core_event(cuda: acs.Driver) -> None:
+    core = pytest.importorskip("cuda.core")
+    dev = core.Device(0)
+    dev.set_current()
+    s = dev.create_stream()
+    workloads(cuda).launch_spin(int(s.handle), 20_000_000)
+    ev = s.record()
+    assert not ev.is_done
+    with anyio.fail_after(30):
+        await acs.wait_event(ev, driver=cuda)
+    assert ev.is_done
+    ev.close()
+    s.close()

@@ -1,0 +1,127 @@
+"""Awaiting a CUDA event that another library owns: :func:`wait_event`.
+
+A foreign event has no stream that aiocudasem knows, so its point is keyed by a *foreign key*,
+a negative number made from the event's handle and device, where a stream's point is keyed by
+the stream's (non-negative) handle. The key gives the event a chain and a side stream of its
+own: waiters of one event share one host function, and waits on different events never queue
+behind each other. Its host function always goes on the side stream (see ``_notifier._loop``),
+whatever ``configure(wake=...)`` says, since there is no work stream to launch it on.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import anyio.lowlevel
+
+from ._driver import Driver
+from ._notifier import Point, current_notifier
+from ._semaphore import resolve_driver
+from ._stream import Event, Stream
+
+__all__ = ("foreign_key", "wait_event")
+
+_DEVICE_BITS: Final = 12  # devices per key: ordinals below 4096
+
+
+def foreign_key(handle: int, device: int) -> int:
+    """The stream key of a foreign event's point: negative, so that it never equals a
+    stream's handle, and different for each (handle, device)."""
+    return -1 - (handle << _DEVICE_BITS | device)
+
+
+async def wait_event(
+    event: object, *, device: int | None = None, driver: Driver | str | None = None
+) -> None:
+    """Wait until the work captured by ``event`` has completed, as ``event.query()`` would
+    report it, without blocking the event loop.
+
+    ``event`` is a PyTorch ``torch.cuda.Event``, a CuPy ``cupy.cuda.Event``, a cuda.core
+    ``Event``, a ``CUevent`` of cuda-bindings, a raw ``CUevent`` handle (an int), or an
+    aiocudasem :class:`Event`. The wait covers the event's most recent record at the time of
+    the call; an event that was never recorded counts as complete, as CUDA's own query says.
+
+    ``device`` is the ordinal of the device whose work the event captures. It is read from the
+    event where the library says (PyTorch, cuda.core); for a raw handle or a CuPy event it
+    defaults to 0. It decides which device's faults end the wait with
+    :class:`DeviceFaultError`; the wait itself works across devices. ``driver`` is as for
+    :func:`open_stream` (by default the real CUDA driver).
+
+    The event must stay alive, and must not be recorded again, until the wait returns: the
+    wait holds a reference to ``event`` but not to a raw handle. Like every wait here it is a
+    checkpoint, and cancelling it abandons the observation only.
+    """
+    if isinstance(event, Event):
+        if device is not None or driver is not None:
+            raise ValueError(
+                "an aiocudasem Event knows its device and driver: call wait_event(event) "
+                "without device= or driver="
+            )
+        await event.wait()
+        return
+    handle, found = _event_handle(event)
+    if device is None:
+        device = 0 if found is None else found
+    elif not isinstance(device, int) or isinstance(device, bool):
+        raise TypeError(f"device must be an int ordinal, not {type(device).__name__}")
+    elif found is not None and found != device:
+        raise ValueError(f"device={device}, but the event belongs to device {found}")
+    drv = resolve_driver(driver)
+    count = drv.device_count()
+    if not 0 <= device < count:
+        raise ValueError(f"device {device} does not exist: {count} device(s)")
+    if device >> _DEVICE_BITS:
+        raise ValueError(f"device ordinals up to {(1 << _DEVICE_BITS) - 1} are supported")
+    if handle == 0:
+        # PyTorch creates its CUDA event on the first record: none yet, nothing to wait for.
+        await anyio.lowlevel.checkpoint()
+        return
+    point = Point(drv, device, foreign_key(handle, device), handle, None)
+    await current_notifier().wait(point)
+
+
+def _event_handle(event: object) -> tuple[int, int | None]:
+    """The raw CUevent handle of ``event`` (0: a PyTorch event never recorded), and its device
+    ordinal if the event says."""
+    kind = type(event).__name__
+    if isinstance(event, Stream) or hasattr(event, "__cuda_stream__") or "Stream" in kind:
+        raise TypeError(
+            f"{kind} is a stream, not an event: await aiocudasem.wait_stream(stream) for "
+            "everything enqueued on a stream"
+        )
+    if type(event).__module__.partition(".")[0] == "aiocudasem":
+        raise TypeError(f"an aiocudasem {kind} is not an event: Stream.record() makes one")
+    if isinstance(event, int) and not isinstance(event, bool):
+        return _pointer(event, "a CUevent handle", zero_ok=False), None
+    for attribute in ("cuda_event", "handle", "ptr"):  # PyTorch, cuda.core, CuPy
+        if hasattr(event, attribute):
+            raw = getattr(event, attribute)
+            what = f"{kind}.{attribute}"
+            # PyTorch creates its CUDA event on the first record: 0 until then.
+            handle = _pointer(raw, what, zero_ok=attribute == "cuda_event")
+            return handle, _event_device(event)
+    if kind == "CUevent" and hasattr(event, "__int__"):  # cuda-bindings' handle type
+        return _pointer(event, "the CUevent", zero_ok=False), None
+    raise TypeError(
+        f"cannot wait for a {kind}: pass a torch.cuda.Event, a cupy.cuda.Event, a cuda.core "
+        "Event, a CUevent, a raw CUevent handle (int) or an aiocudasem Event"
+    )
+
+
+def _pointer(raw: object, what: str, *, zero_ok: bool) -> int:
+    if isinstance(raw, bool) or not (isinstance(raw, int) or type(raw).__name__ == "CUevent"):
+        raise TypeError(f"{what} is a {type(raw).__name__}, not a CUevent handle")
+    value: int = int(raw)  # type: ignore[call-overload]
+    if not (0 if zero_ok else 1) <= value < 1 << 64:
+        raise ValueError(f"{what} is {value}: a CUevent handle is a pointer in (0, 2**64)")
+    return value
+
+
+def _event_device(event: object) -> int | None:
+    """The device ordinal an event reports: PyTorch's ``device.index`` (None before the first
+    record), cuda.core's ``device.device_id``, or a plain int."""
+    dev = getattr(event, "device", None)
+    for value in (getattr(dev, "index", None), getattr(dev, "device_id", None), dev):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
