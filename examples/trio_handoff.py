@@ -95,6 +95,8 @@ if __name__ == "__main__":
     parser.add_argument("--frames", type=int, default=24)
     parser.add_argument("--consumers", type=int, default=3)
     args = parser.parse_args()
+    if not 1 <= args.consumers <= args.frames:
+        parser.error("need 1 <= --consumers <= --frames")
     try:
         trio.run(main, args.driver, args.frames, args.consumers)
     except (acs.DriverUnavailableError, trio.TooSlowError) as exc:
