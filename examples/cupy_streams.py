@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 import anyio
-import cupy as cp
+import cupy as cp  # type: ignore[import-not-found]
 
 import aiocudasem as acs
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-import torch
+import torch  # type: ignore[import-not-found]
 
 import aiocudasem as acs
 
