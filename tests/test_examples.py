@@ -1,0 +1,177 @@
+"""The programs in examples/ run and do what they say: each in a fresh process with this tree's
+package, on the simulated device here and on the GPU with ``-m gpu``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+DRIVERS = ["sim", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "AIOCUDASEM_DRIVER"}
+    env["PYTHONPATH"] = str(ROOT)  # this tree's package, not an installed one
+    return {**env, **extra}
+
+
+def run_example(
+    name: str, *args: str, timeout: float = 60, ok: bool = True, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``examples/NAME ARGS`` to the end; with ``ok``, assert that it exited with 0."""
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(**env),
+        cwd=ROOT,
+    )
+    if ok:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def frames_done(out: str) -> list[int]:
+    return sorted(int(n) for n in re.findall(r"^frame (\d+) done$", out, re.MULTILINE))
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_asyncio_handoff(driver: str) -> None:
+    out = run_example("asyncio_handoff.py", "--driver", driver, "--frames", "12").stdout
+    assert frames_done(out) == list(range(1, 13))
+    assert out.splitlines()[-1].startswith("all 12 frames handed back in ")
+    assert out.splitlines()[-1].endswith(f"on driver '{driver}'")
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_trio_handoff(driver: str) -> None:
+    out = run_example("trio_handoff.py", "--driver", driver, "--frames", "12").stdout
+    assert frames_done(out) == list(range(1, 13))  # frame 13's wait was cancelled
+    assert "frame 13 late: stopped waiting for it (cancelled: True)\n" in out
+    assert "frame 13 arrived; the stream went on and signalled done = 13\n" in out
+    assert out.splitlines()[-1] == f"all 13 frames handed back on driver '{driver}'"
+
+
+def test_handoff_example_follows_the_environment() -> None:
+    out = run_example("asyncio_handoff.py", "--frames", "3", AIOCUDASEM_DRIVER="sim").stdout
+    assert out.splitlines()[-1].endswith("on driver 'sim'")
+
+
+def test_handoff_example_without_a_gpu_names_the_sim() -> None:
+    from aiocudasem import DriverUnavailableError, get_driver
+
+    try:
+        get_driver("cuda")
+    except DriverUnavailableError:
+        pass
+    else:
+        pytest.skip("this machine has a usable GPU")
+    proc = run_example("asyncio_handoff.py", "--frames", "3", ok=False)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("failed: DriverUnavailableError: ")
+    assert "AIOCUDASEM_DRIVER=sim" in proc.stderr
+
+
+def _get(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as reply:
+            return reply.status, json.load(reply)
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.read().decode()
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_web_service_overlaps_requests(driver: str) -> None:
+    pytest.importorskip("aiohttp")
+    n, ms = 8, 100
+    args = ["--driver", driver, "--host", "127.0.0.1", "--port", "0", "--streams", str(n)]
+    proc = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "web_service.py"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+    )
+    try:
+        assert proc.stdout is not None
+        if not select.select([proc.stdout], [], [], 60)[0]:
+            pytest.fail("the service did not start within 60 s")
+        line = proc.stdout.readline()
+        match = re.fullmatch(rf"serving on http://127\.0\.0\.1:(\d+) \(driver '{driver}'\)\n", line)
+        if not match:  # an empty line: the service exited, and says why on stderr
+            pytest.fail(f"{line!r}, stderr: {'' if line else proc.communicate()[1]}")
+        url = f"http://127.0.0.1:{match[1]}/work?ms={ms}"
+        assert _get(url)[0] == 200  # the first wait of the loop sets its notifier up
+        with ThreadPoolExecutor(n) as pool:
+            start = time.perf_counter()
+            replies = list(pool.map(_get, [url] * n))
+            took = time.perf_counter() - start
+        assert [status for status, _ in replies] == [200] * n
+        assert all(body["took_ms"] >= 0.95 * ms for _, body in replies), replies  # it did wait
+        # Run one after another they would take n * ms; overlapped, about ms.
+        assert took < 0.5 * n * ms / 1e3, f"{n} requests of {ms} ms took {took * 1e3:.0f} ms"
+        status, text = _get(url.replace(f"ms={ms}", "ms=-1"))
+        assert (status, text) == (400, "ms must be a number of milliseconds in [0, 10000]\n")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+    assert proc.returncode == 0, out + err
+    assert out.endswith("stopped\n"), out + err
+
+
+@pytest.mark.parametrize(
+    ("name", "tests"), [("test_with_pytest_asyncio.py", 3), ("test_with_anyio.py", 3 * 2)]
+)
+def test_testing_examples_pass(name: str, tests: int, tmp_path: Path) -> None:
+    report = tmp_path / "report.xml"
+    options = ["-p", "no:cacheprovider", "-p", "anyio", f"--junitxml={report}"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", *options, str(EXAMPLES / "testing" / name)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    suite = ET.parse(report).getroot()
+    suite = suite if suite.tag == "testsuite" else suite[0]
+    counts = {key: int(suite.get(key, "-1")) for key in ("tests", "failures", "errors", "skipped")}
+    assert counts == {"tests": tests, "failures": 0, "errors": 0, "skipped": 0}, proc.stdout
+
+
+@pytest.mark.gpu
+def test_vulkan_producer() -> None:
+    out = run_example("vulkan_producer.py", "--frames", "64", timeout=300).stdout
+    assert "all 64 frames verified on the GPU" in out, out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("module", ["torch", "cupy"])
+def test_foreign_library_examples(module: str) -> None:
+    pytest.importorskip(module)
+    out = run_example(f"{module}_streams.py", timeout=300).stdout
+    assert out.splitlines()[-1] == "done", out
