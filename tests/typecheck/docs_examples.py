@@ -108,3 +108,13 @@ def tuning_and_statistics() -> None:
     assert all(c >= 0 for c in counts)
     driver: lowlevel.Driver = lowlevel.get_driver("sim")
     assert driver.device_count() >= 1
+
+
+def refused_forms(stream: acs.Stream, a: acs.ExternalSemaphore) -> None:
+    """Forms the API refuses at run time that mypy refuses too. mypy --strict reports an
+    unused ``type: ignore``, so each line fails the check if its form starts to type-check."""
+    w = acs.Wait(a, 1)
+    stream.enqueue_wait(w, [w])  # type: ignore[call-overload]
+    stream.enqueue_wait(acs.Signal(a, 1))  # type: ignore[call-overload]
+    stream.handoff(w, w)  # type: ignore[arg-type]
+    import_sim_semaphore("cuda")  # type: ignore[arg-type]
