@@ -383,6 +383,8 @@ class HandOff:
       without waiting for the GPU. GPU work already enqueued cannot be undone.
     - If the exit's wait is cancelled, the signals are already enqueued and will fire; only
       the observation is abandoned.
+    - A section is entered once: entering it again raises ``anyio.ClosedResourceError`` (it
+      would enqueue its waits and signals a second time). Make one per section.
     """
 
     __slots__ = ("_entered", "_signals", "_stream", "_waits")
