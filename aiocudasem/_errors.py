@@ -2,7 +2,9 @@
 
 Every error the library raises on purpose derives from :class:`AiocudasemError`, except misuse,
 which is a plain :class:`TypeError` or :class:`ValueError` whose message says what to do, and
-anyio's :class:`~anyio.ClosedResourceError` for an object used after ``aclose()``.
+anyio's :class:`~anyio.ClosedResourceError` for an object used after ``close()`` or ``aclose()``
+(a stream, an event, a semaphore, or a ``Wait``/``Signal`` entry made of a closed semaphore)
+and for a hand-off section entered a second time.
 
 Errors that come from a driver carry the driver's status code in ``.status`` (a ``CUresult``
 for CUDA, a ``VkResult`` for Vulkan), never only in the message.

@@ -6,9 +6,10 @@ import ctypes
 import os
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -45,6 +46,7 @@ _INFINITE: Final = 0xFFFFFFFF  # Windows' INFINITE, the keyed mutex's "never tim
 _WAIT_SKIP_NVSCIBUF_MEMSYNC: Final = 0x2
 _SIGNAL_SKIP_NVSCIBUF_MEMSYNC: Final = 0x1
 _NOT_SUPPORTED: Final = 801
+_E = TypeVar("_E", "Wait", "Signal")
 
 
 def resolve_driver(driver: Driver | str | None) -> Driver:
@@ -163,7 +165,8 @@ class ExternalSemaphore(OnDevice):
         No thread blocks and nothing polls: the wait is enqueued on a private stream of the
         device, and the notifier reports when that stream passes it. If cancelled, the GPU
         wait stays enqueued on a private stream that is then abandoned; nothing else is held.
-        Raises ``TypeError`` for a non-timeline semaphore and ``ValueError`` outside uint64.
+        Raises ``TypeError`` for a non-timeline semaphore, ``ValueError`` outside uint64 and
+        ``anyio.ClosedResourceError`` once the semaphore is closed.
         """
         if not self.is_timeline:
             raise TypeError(
@@ -177,7 +180,8 @@ class ExternalSemaphore(OnDevice):
         consume that signal, as a GPU wait does.
 
         Cancellation cannot take back the enqueued GPU wait: it will still consume the next
-        signal. Raises ``TypeError`` for a timeline semaphore.
+        signal. Raises ``TypeError`` for a timeline semaphore and
+        ``anyio.ClosedResourceError`` once the semaphore is closed.
         """
         if info(self._type).sync != "binary":
             raise TypeError(
@@ -288,24 +292,31 @@ def _descriptor(
 
 @dataclass(frozen=True, slots=True)
 class Wait:
-    """One semaphore wait entry for :meth:`Stream.enqueue_wait` and hand-off sections.
+    """One semaphore wait entry for :meth:`Stream.enqueue_wait`, hand-off sections and
+    :func:`wait_external_semaphores`.
 
-    - timeline/fence semaphores: ``value`` is the value to wait for (uint64);
-    - binary semaphores: leave ``value`` at 0; the wait consumes one signal;
-    - keyed mutexes: ``key`` to acquire with and ``timeout_ms`` (``None`` waits forever);
-    - NvSciSync: ``nvsci_fence`` is the address of an ``NvSciSyncFence``, and
+    - timeline/fence semaphores: ``value`` is the value to wait for (uint64), and is required:
+      ``Wait(sem, n)``;
+    - binary semaphores: no ``value``; the wait consumes one signal: ``Wait(sem)``;
+    - keyed mutexes: no ``value``; ``key`` to acquire with and ``timeout_ms`` (``None`` waits
+      forever);
+    - NvSciSync: no ``value``; ``nvsci_fence`` is the address of an ``NvSciSyncFence``, and
       ``skip_nvscibuf_memsync`` skips the NvSciBuf memory synchronisation.
+
+    The entry is checked when it is made: ``TypeError`` for a field of the wrong type or a
+    timeline wait without a value, ``ValueError`` for a field out of range or one that does not
+    apply to the semaphore's type, and ``anyio.ClosedResourceError`` for a closed semaphore.
     """
 
     semaphore: ExternalSemaphore
-    value: int = 0
+    value: int | None = None
     key: int = 0
     timeout_ms: int | None = None
     nvsci_fence: int = 0
     skip_nvscibuf_memsync: bool = False
 
     def __post_init__(self) -> None:
-        kind = _check_entry(self.semaphore, self.value, self.key, self.nvsci_fence)
+        kind = _check_entry("Wait", self.semaphore, self.value, self.key, self.nvsci_fence)
         if self.timeout_ms is not None:
             if info(kind).sync != "keyed_mutex":
                 raise ValueError("timeout_ms applies to keyed mutexes only")
@@ -315,7 +326,7 @@ class Wait:
     def _op(self) -> SemOp:
         return SemOp(
             self.semaphore.handle,
-            value=self.value,
+            value=self.value or 0,
             key=self.key,
             timeout_ms=_INFINITE if self.timeout_ms is None else self.timeout_ms,
             nvsci_fence=self.nvsci_fence,
@@ -327,43 +338,58 @@ class Wait:
 class Signal:
     """One semaphore signal entry for :meth:`Stream.enqueue_signal` and hand-off sections.
 
-    Timeline/fence semaphores are set to ``value``; binary ones are signalled (leave ``value``
-    at 0); keyed mutexes are released with ``key``; NvSciSync takes ``nvsci_fence``.
+    Timeline/fence semaphores are set to ``value``, which is required: ``Signal(sem, n)``.
+    Binary ones are signalled and take no value: ``Signal(sem)``. Keyed mutexes are released
+    with ``key``; NvSciSync takes ``nvsci_fence``. Checked when made, as :class:`Wait` is.
     """
 
     semaphore: ExternalSemaphore
-    value: int = 0
+    value: int | None = None
     key: int = 0
     nvsci_fence: int = 0
     skip_nvscibuf_memsync: bool = False
 
     def __post_init__(self) -> None:
-        kind = _check_entry(self.semaphore, self.value, self.key, self.nvsci_fence)
+        kind = _check_entry("Signal", self.semaphore, self.value, self.key, self.nvsci_fence)
         _check_skip(kind, self.skip_nvscibuf_memsync)
 
     def _op(self) -> SemOp:
         return SemOp(
             self.semaphore.handle,
-            value=self.value,
+            value=self.value or 0,
             key=self.key,
             nvsci_fence=self.nvsci_fence,
             flags=_SIGNAL_SKIP_NVSCIBUF_MEMSYNC if self.skip_nvscibuf_memsync else 0,
         )
 
 
-def _check_entry(sem: object, value: int, key: int, nvsci_fence: int) -> HandleType:
+def _check_entry(
+    entry: str, sem: object, value: int | None, key: int, nvsci_fence: int
+) -> HandleType:
     if not isinstance(sem, ExternalSemaphore):
         raise TypeError(
-            f"expected an ExternalSemaphore, not {type(sem).__name__}: "
+            f"{entry}() needs an ExternalSemaphore, not {type(sem).__name__}: "
             "import one with aiocudasem.import_semaphore()"
+        )
+    if sem.closed:
+        raise anyio.ClosedResourceError(
+            f"{entry}() of a closed external semaphore ({sem!r}): use one before its aclose()"
         )
     kind = sem.handle_type
     sync = info(kind).sync
-    check_uint("value", value, _U64)
+    if sync == "fence":
+        if value is None:
+            raise TypeError(
+                f"{kind.name} semaphores are timelines: {entry}(sem, value) needs the value "
+                "to " + ("wait for" if entry == "Wait" else "set")
+            )
+        check_uint("value", value, _U64)
+    elif value is not None:
+        raise ValueError(
+            f"{kind.name} semaphores take no value (only timelines and fences do): use {entry}(sem)"
+        )
     check_uint("key", key, _U64)
     check_uint("nvsci_fence", nvsci_fence, _U64)
-    if value and sync != "fence":
-        raise ValueError(f"{kind.name} semaphores take no value; only timelines and fences do")
     if key and sync != "keyed_mutex":
         raise ValueError("key applies to keyed mutexes only")
     if nvsci_fence and sync != "nvscisync":
@@ -378,17 +404,53 @@ def _check_skip(kind: HandleType, skip: bool) -> None:
         raise ValueError("skip_nvscibuf_memsync applies to NVSCISYNC semaphores only")
 
 
+def driver_label(driver: Driver, other: Driver) -> str:
+    """How an error message names ``driver`` beside ``other``: by name, and also by identity
+    where both have the same name (two ``SimDriver()`` objects are both called "sim")."""
+    if driver.name != other.name:
+        return f"the {driver.name} driver"
+    return f"the {driver.name} driver object at {id(driver):#x}"
+
+
+def entry_list(where: str, given: tuple[object, ...], kind: type[_E]) -> tuple[_E, ...]:
+    """The entries of a call that takes :class:`Wait` or :class:`Signal` entries, in one of
+    its forms: one entry, several entries as separate arguments, or one sequence of them.
+    ``where`` names the argument in the messages."""
+    name = kind.__name__
+    items = given
+    if len(given) == 1 and isinstance(given[0], Sequence):
+        items = tuple(given[0])
+    entries: list[_E] = []
+    for e in items:
+        if not isinstance(e, kind):
+            got = type(e).__name__
+            if isinstance(e, Sequence) and items is given:
+                got += " beside other entries (give separate entries or one list, not both)"
+            raise TypeError(
+                f"{where} takes aiocudasem.{name} entries: one {name}, several {name} entries "
+                f"as separate arguments, or one list or tuple of them; got {got}"
+            )
+        entries.append(e)
+    if not entries:
+        raise ValueError(f"{where} needs at least one aiocudasem.{name} entry")
+    return tuple(entries)
+
+
 def check_same_device(entries: tuple[Wait | Signal, ...], driver: Driver, device: int) -> None:
     from ._errors import DeviceMismatchError
 
-    if not entries:
-        raise ValueError("give at least one Wait or Signal entry")
     for e in entries:
         sem = e.semaphore
-        if sem._driver is not driver or sem._device != device:
+        if sem._driver is not driver:
             raise DeviceMismatchError(
-                f"{sem!r} belongs to device {sem._device} of the {sem._driver.name} driver, "
-                f"but the stream is on device {device} of the {driver.name} driver"
+                f"{sem!r} belongs to {driver_label(sem._driver, driver)}, but the stream "
+                f"belongs to {driver_label(driver, sem._driver)}: a stream and the semaphores "
+                "it waits on or signals must come from one driver"
+            )
+        if sem._device != device:
+            raise DeviceMismatchError(
+                f"{sem!r} belongs to device {sem._device}, but the stream is on device "
+                f"{device}: import the semaphore into the stream's device"
             )
 
 

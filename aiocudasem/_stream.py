@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Final, overload
 
 import anyio
 import anyio.lowlevel
@@ -22,7 +22,15 @@ from ._notifier import (
     side_streams,
     take_event,
 )
-from ._semaphore import Signal, Wait, check_same_device, resolve_driver
+from ._semaphore import (
+    _E,
+    Signal,
+    Wait,
+    check_same_device,
+    driver_label,
+    entry_list,
+    resolve_driver,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -39,6 +47,7 @@ _IDLE_CHECK_SKIPS = 15
 #: shortcut: an event recorded on the legacy stream also waits for the work of every blocking
 #: stream, which cuStreamQuery of it may not.
 _DEFAULT_STREAMS = 2
+_U64: Final = 1 << 64
 
 
 class Stream(OnDevice):
@@ -85,13 +94,23 @@ class Stream(OnDevice):
         """Borrow a foreign stream: an object with ``__cuda_stream__`` (cuda.core, CuPy,
         PyTorch, Numba, or our own Stream) or a raw ``CUstream`` handle as an int.
 
-        The result never destroys the stream; ``aclose()`` only forgets it. Raises
-        ``TypeError`` for anything else, :class:`CudaError` if the driver rejects the
-        handle, and :class:`DeviceMismatchError` for a stream outside a primary context.
+        The result never destroys the stream; ``aclose()`` only forgets it. Our own Stream is
+        returned as it is. Raises ``TypeError`` for anything else; ``ValueError`` for a
+        handle outside [0, 2**64), a ``__cuda_stream__`` of a protocol version other than 0,
+        or one that raised (chained as the cause); ``anyio.ClosedResourceError`` for a closed
+        Stream; :class:`CudaError` if the driver rejects the handle; and
+        :class:`DeviceMismatchError` for a stream outside a primary context or a Stream of
+        another driver than ``driver``.
         """
         if isinstance(stream, Stream):
-            if driver is not None and resolve_driver(driver) is not stream._driver:
-                raise DeviceMismatchError(f"{stream!r} belongs to another driver")
+            stream.handle  # noqa: B018 - raises ClosedResourceError once closed
+            if driver is not None:
+                drv = resolve_driver(driver)
+                if drv is not stream._driver:
+                    raise DeviceMismatchError(
+                        f"{stream!r} belongs to {driver_label(stream._driver, drv)}, not to "
+                        f"{driver_label(drv, stream._driver)} given as driver="
+                    )
             return stream
         handle = _stream_handle(stream)
         drv = resolve_driver(driver)
@@ -135,41 +154,57 @@ class Stream(OnDevice):
         if not isinstance(event, Event):
             raise TypeError(f"expected an aiocudasem.Event, not {type(event).__name__}")
         if event._stream._driver is not self._driver:
-            raise DeviceMismatchError("the event and the stream belong to different drivers")
+            raise DeviceMismatchError(
+                f"the event belongs to {driver_label(event._stream._driver, self._driver)}, "
+                f"the stream to {driver_label(self._driver, event._stream._driver)}"
+            )
         self._driver.stream_wait_event(self.handle, event.handle)
 
-    def enqueue_wait(self, *waits: Wait) -> None:
+    @overload
+    def enqueue_wait(self, waits: Sequence[Wait], /) -> None: ...
+    @overload
+    def enqueue_wait(self, *waits: Wait) -> None: ...
+    def enqueue_wait(self, *waits: Wait | Sequence[Wait]) -> None:
         """Enqueue GPU waits on external semaphores, all in one driver call
         (``cuWaitExternalSemaphoresAsync``). Later work on the stream runs after them.
-        Non-blocking. Raises ``TypeError`` for a non-:class:`Wait` entry and
-        :class:`DeviceMismatchError` for a semaphore of another device."""
-        self._enqueue(waits, Wait)
-        handle = self.handle
-        self._driver.enqueue_semaphore_waits([w._op() for w in waits], handle)
+        Non-blocking.
 
-    def enqueue_signal(self, *signals: Signal) -> None:
+        Takes one :class:`Wait`, several as separate arguments, or one list or tuple of them:
+        ``enqueue_wait(Wait(a, 1), Wait(b, 2))`` and ``enqueue_wait([Wait(a, 1), Wait(b, 2)])``
+        are the same. Raises ``TypeError`` for another entry, ``ValueError`` for none,
+        ``anyio.ClosedResourceError`` for a closed stream or semaphore, and
+        :class:`DeviceMismatchError` for a semaphore of another device or driver."""
+        entries = self._entries("enqueue_wait()", waits, Wait)
+        self._driver.enqueue_semaphore_waits([w._op() for w in entries], self.handle)
+
+    @overload
+    def enqueue_signal(self, signals: Sequence[Signal], /) -> None: ...
+    @overload
+    def enqueue_signal(self, *signals: Signal) -> None: ...
+    def enqueue_signal(self, *signals: Signal | Sequence[Signal]) -> None:
         """Enqueue signals of external semaphores, all in one driver call
-        (``cuSignalExternalSemaphoresAsync``); they fire when earlier work completes."""
-        self._enqueue(signals, Signal)
-        handle = self.handle
-        self._driver.enqueue_semaphore_signals([s._op() for s in signals], handle)
+        (``cuSignalExternalSemaphoresAsync``); they fire when earlier work completes.
+        Non-blocking. Takes one :class:`Signal`, several, or one list or tuple of them, and
+        raises as :meth:`enqueue_wait` does."""
+        entries = self._entries("enqueue_signal()", signals, Signal)
+        self._driver.enqueue_semaphore_signals([s._op() for s in entries], self.handle)
 
-    def _enqueue(self, entries: tuple[Any, ...], kind: type) -> None:
-        for e in entries:
-            if not isinstance(e, kind):
-                raise TypeError(
-                    f"expected aiocudasem.{kind.__name__} entries, not {type(e).__name__}"
-                )
+    def _entries(self, where: str, given: tuple[object, ...], kind: type[_E]) -> tuple[_E, ...]:
+        entries = entry_list(where, given, kind)
+        self.handle  # noqa: B018 - raises ClosedResourceError once closed
         check_same_device(entries, self._driver, self._device)
+        return entries
 
     def handoff(self, waits: Wait | Sequence[Wait], signals: Signal | Sequence[Signal]) -> HandOff:
         """A hand-off section: ``async with stream.handoff(Wait(a, n), Signal(b, n)):``.
 
-        Entering enqueues the waits; the body enqueues GPU work; a normal exit enqueues the
-        signals and waits until the stream has passed them. See :class:`HandOff` for errors
-        and cancellation.
+        ``waits`` and ``signals`` are each one entry or a list or tuple of them. Entering
+        enqueues the waits; the body enqueues GPU work; a normal exit enqueues the signals and
+        waits until the stream has passed them. A section is entered once: make a new one for
+        each. Raises as :meth:`enqueue_wait` does; see :class:`HandOff` for errors and
+        cancellation.
         """
-        return HandOff(self, _entries(waits, Wait), _entries(signals, Signal))
+        return HandOff(self, waits, signals)
 
     # -------------------------------------------------------------- wait (async)
 
@@ -241,26 +276,34 @@ class Stream(OnDevice):
 def _stream_handle(obj: object) -> int:
     proto = getattr(obj, "__cuda_stream__", None)
     if proto is not None:
-        value = proto() if callable(proto) else proto
-        if (
+        name = type(obj).__name__
+        try:
+            value = proto() if callable(proto) else proto
+        except Exception as exc:
+            raise ValueError(
+                f"cannot use {name} as a CUDA stream: its __cuda_stream__() raised "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        if not (
             isinstance(value, tuple)
             and len(value) == 2
             and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
         ):
-            if value[1] < 0:
-                raise ValueError(
-                    f"__cuda_stream__ of {type(obj).__name__} returned the handle {value[1]}: "
-                    "a stream handle is a non-negative int"
-                )
-            return int(value[1])
-        raise TypeError(
-            f"__cuda_stream__ of {type(obj).__name__} returned {value!r}, not a "
-            "(version, handle) pair of ints"
+            raise TypeError(
+                f"__cuda_stream__ of {name} returned {value!r}, not a (version, handle) pair "
+                "of ints"
+            )
+        version, handle = value
+        if version != 0:
+            raise ValueError(
+                f"__cuda_stream__ of {name} returned protocol version {version}: only "
+                "version 0, (0, handle), is defined"
+            )
+        return _check_handle(
+            handle, f"__cuda_stream__ of {name} returned the handle {handle}, out of range"
         )
     if isinstance(obj, int) and not isinstance(obj, bool):
-        if obj < 0:
-            raise ValueError(f"a stream handle is a non-negative int, not {obj}")
-        return obj
+        return _check_handle(obj, f"the stream handle {obj} is out of range")
     raise TypeError(
         f"cannot use {type(obj).__name__} as a CUDA stream: pass an object with "
         "__cuda_stream__ (cuda.core, CuPy, PyTorch, Numba) or a raw CUstream handle "
@@ -268,12 +311,10 @@ def _stream_handle(obj: object) -> int:
     )
 
 
-def _entries(value: Any, kind: type) -> tuple[Any, ...]:
-    if isinstance(value, kind):
-        return (value,)
-    if isinstance(value, (list, tuple)):
-        return tuple(value)
-    raise TypeError(f"expected an aiocudasem.{kind.__name__} or a sequence of them")
+def _check_handle(handle: int, what: str) -> int:
+    if not 0 <= handle < _U64:
+        raise ValueError(f"{what}: a CUstream handle is an int in [0, 2**64)")
+    return int(handle)
 
 
 class Event(Owned):
@@ -342,21 +383,30 @@ class HandOff:
       without waiting for the GPU. GPU work already enqueued cannot be undone.
     - If the exit's wait is cancelled, the signals are already enqueued and will fire; only
       the observation is abandoned.
+    - A section is entered once: entering it again raises ``anyio.ClosedResourceError`` (it
+      would enqueue its waits and signals a second time). Make one per section.
     """
 
-    __slots__ = ("_signals", "_stream", "_waits")
+    __slots__ = ("_entered", "_signals", "_stream", "_waits")
 
     def __init__(
-        self, stream: Stream, waits: tuple[Wait, ...], signals: tuple[Signal, ...]
+        self, stream: Stream, waits: Wait | Sequence[Wait], signals: Signal | Sequence[Signal]
     ) -> None:
-        stream._enqueue(waits, Wait)
-        stream._enqueue(signals, Signal)
+        if not isinstance(stream, Stream):
+            raise TypeError(f"expected an aiocudasem.Stream, not {type(stream).__name__}")
         self._stream = stream
-        self._waits = waits
-        self._signals = signals
+        self._waits = stream._entries("handoff() waits", (waits,), Wait)
+        self._signals = stream._entries("handoff() signals", (signals,), Signal)
+        self._entered = False
 
     async def __aenter__(self) -> Stream:
-        self._stream.enqueue_wait(*self._waits)
+        if self._entered:
+            raise anyio.ClosedResourceError(
+                "this hand-off section was entered already, and a section is entered once: "
+                "make a new one with stream.handoff(waits, signals) for each section"
+            )
+        self._entered = True
+        self._stream.enqueue_wait(self._waits)
         return self._stream
 
     async def __aexit__(
@@ -367,11 +417,11 @@ class HandOff:
     ) -> None:
         if exc_type is not None:
             try:
-                self._stream.enqueue_signal(*self._signals)
+                self._stream.enqueue_signal(self._signals)
             except (AiocudasemError, anyio.ClosedResourceError):
                 pass  # the body's exception is the one to report
             return
-        self._stream.enqueue_signal(*self._signals)
+        self._stream.enqueue_signal(self._signals)
         await self._stream.wait_complete()
 
 
@@ -413,15 +463,15 @@ async def wait_stream(stream: object, *, driver: Driver | str | None = None) -> 
     await Stream.adopt(stream, driver=driver).wait_complete()
 
 
-async def wait_external_semaphores(waits: Sequence[Wait], stream: object) -> None:
+async def wait_external_semaphores(waits: Wait | Sequence[Wait], stream: object) -> None:
     """The async form of ``cuWaitExternalSemaphoresAsync``: enqueue the waits on ``stream``
     in one driver call, then wait until the stream has passed them (and everything enqueued
-    before them). ``stream`` is a :class:`Stream` or anything :meth:`Stream.adopt` takes; a
-    foreign stream uses the driver of the first semaphore."""
-    entries = _entries(waits, Wait)
-    if not entries:
-        raise ValueError("give at least one Wait entry")
+    before them). ``waits`` is one :class:`Wait` or a list or tuple of them. ``stream`` is a
+    :class:`Stream` or anything :meth:`Stream.adopt` takes; a foreign stream uses the driver
+    of the first semaphore. Raises as :meth:`Stream.enqueue_wait` and
+    :meth:`Stream.wait_complete` do."""
+    entries = entry_list("wait_external_semaphores() waits", (waits,), Wait)
     if not isinstance(stream, Stream):
         stream = Stream.adopt(stream, driver=entries[0].semaphore.driver)
-    stream.enqueue_wait(*entries)
+    stream.enqueue_wait(entries)
     await stream.wait_complete()

@@ -13,7 +13,9 @@ one that traps.
 from __future__ import annotations
 
 import threading
+from typing import Literal
 
+from ._driver import get_driver
 from ._driver._sim import SimDriver as SimDriver
 from ._driver._sim import SimProducer as SimProducer
 from ._handles import HandleType
@@ -39,10 +41,22 @@ __all__ = (
 
 
 def import_sim_semaphore(
-    driver: SimDriver, *, timeline: bool = True, initial: int = 0, device: int = 0
+    driver: SimDriver | Literal["sim"],
+    *,
+    timeline: bool = True,
+    initial: int = 0,
+    device: int = 0,
 ) -> tuple[ExternalSemaphore, SimProducer]:
-    """Create a simulated external semaphore and import it: returns the CUDA side and the
-    producer's side."""
+    """Create a simulated external semaphore and import it into ``device``: returns the CUDA
+    side and the producer's side. ``driver`` is a :class:`SimDriver` or ``"sim"``, the
+    process-wide one of ``get_driver("sim")``. Raises ``TypeError`` for another driver."""
+    if driver == "sim":
+        driver = get_driver("sim")
+    if not isinstance(driver, SimDriver):
+        raise TypeError(
+            "import_sim_semaphore() needs the simulated driver: pass a SimDriver or 'sim', "
+            f"not {driver!r}"
+        )
     producer = driver.create_semaphore(timeline=timeline, initial=initial)
     kind = HandleType.TIMELINE_SEMAPHORE_FD if timeline else HandleType.OPAQUE_FD
     fd = producer.export_fd()

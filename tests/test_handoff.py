@@ -76,3 +76,51 @@ async def test_handoff_bad_input(sim: SimDriver) -> None:
         gate = hold(s)
         gate.set()
     await sem.aclose()
+
+
+async def test_a_handoff_is_entered_once(sim: SimDriver) -> None:
+    ready, producer = import_sim_semaphore(sim)
+    done, observer = import_sim_semaphore(sim)
+    calls: list[str] = []
+    waits, signals = sim.enqueue_semaphore_waits, sim.enqueue_semaphore_signals
+    sim.enqueue_semaphore_waits = lambda ops, h: (calls.append("wait"), waits(ops, h))[1]  # type: ignore[method-assign]
+    sim.enqueue_semaphore_signals = lambda ops, h: (calls.append("signal"), signals(ops, h))[1]  # type: ignore[method-assign]
+    try:
+        async with acs.open_stream(driver=sim) as s:
+            section = s.handoff(acs.Wait(ready, 1), acs.Signal(done, 1))
+            producer.signal(1)
+            with anyio.fail_after(5):
+                async with section:
+                    pass
+            assert calls == ["wait", "signal"]
+            # Entering it again re-enqueued every wait and signal.
+            with pytest.raises(anyio.ClosedResourceError, match="entered once"):
+                async with section:
+                    pytest.fail("entered a spent hand-off section")  # pragma: no cover
+            assert calls == ["wait", "signal"]
+            with anyio.fail_after(5):
+                async with s.handoff(acs.Wait(ready, 1), acs.Signal(done, 2)):
+                    pass
+            assert observer.value == 2
+    finally:
+        del sim.enqueue_semaphore_waits, sim.enqueue_semaphore_signals
+    await ready.aclose()
+    await done.aclose()
+
+
+async def test_a_handoff_refuses_closed_objects(sim: SimDriver) -> None:
+    ready, _ = import_sim_semaphore(sim)
+    done, _ = import_sim_semaphore(sim)
+    s = acs.open_stream(driver=sim)
+    section = s.handoff(acs.Wait(ready, 1), acs.Signal(done, 1))
+    await s.aclose()
+    with pytest.raises(anyio.ClosedResourceError, match="stream is closed"):
+        async with section:
+            pytest.fail("entered a section of a closed stream")  # pragma: no cover
+    with pytest.raises(anyio.ClosedResourceError, match="stream is closed"):
+        s.handoff(acs.Wait(ready, 1), acs.Signal(done, 1))
+    await ready.aclose()
+    async with acs.open_stream(driver=sim) as s2:
+        with pytest.raises(anyio.ClosedResourceError, match="closed external semaphore"):
+            s2.handoff(acs.Wait(ready, 1), acs.Signal(done, 1))
+    await done.aclose()

@@ -163,6 +163,45 @@ async def test_entry_validation(sim: SimDriver) -> None:
     await bin_.aclose()
 
 
+async def test_timeline_entries_need_a_value_and_binary_ones_take_none(sim: SimDriver) -> None:
+    tl, _ = import_sim_semaphore(sim)
+    bin_, _ = import_sim_semaphore(sim, timeline=False)
+    # A timeline wait without a value was a wait for 0: already satisfied, silently.
+    with pytest.raises(TypeError, match=r"timelines: Wait\(sem, value\) needs the value"):
+        acs.Wait(tl)
+    with pytest.raises(TypeError, match=r"timelines: Signal\(sem, value\) needs the value"):
+        acs.Signal(tl)
+    assert acs.Wait(tl, 0).value == 0  # an explicit 0 is allowed
+    assert acs.Wait(bin_).value is None
+    assert acs.Signal(bin_).value is None
+    for value in (0, 1):
+        with pytest.raises(ValueError, match=r"take no value .* use Wait\(sem\)"):
+            acs.Wait(bin_, value)
+        with pytest.raises(ValueError, match=r"take no value .* use Signal\(sem\)"):
+            acs.Signal(bin_, value)
+    await tl.aclose()
+    await bin_.aclose()
+
+
+async def test_entries_refuse_a_closed_semaphore(sim: SimDriver) -> None:
+    sem, _ = import_sim_semaphore(sim)
+    binary, _ = import_sim_semaphore(sim, timeline=False)
+    made_before = acs.Wait(sem, 1)
+    await sem.aclose()
+    binary.close()
+    with pytest.raises(anyio.ClosedResourceError, match="closed external semaphore"):
+        acs.Wait(sem, 1)
+    with pytest.raises(anyio.ClosedResourceError, match="closed external semaphore"):
+        acs.Signal(sem, 1)
+    with pytest.raises(anyio.ClosedResourceError, match="closed external semaphore"):
+        acs.Wait(binary)
+    with pytest.raises(anyio.ClosedResourceError, match="closed"):
+        await sem.wait_value(1)
+    async with acs.open_stream(driver=sim) as s:
+        with pytest.raises(anyio.ClosedResourceError, match="closed"):
+            s.enqueue_wait(made_before)  # made while open, used once closed
+
+
 @given(st.integers())
 def test_uint64_range_is_enforced(value: int) -> None:
     sim = SimDriver(devices=1)
@@ -257,12 +296,20 @@ async def test_enqueue_checks_entries_and_devices(sim: SimDriver) -> None:
     async with acs.open_stream(1, driver=sim) as s1, acs.open_stream(0, driver=sim) as s0:
         with pytest.raises(acs.DeviceMismatchError, match="device 0"):
             s1.enqueue_wait(acs.Wait(sem0, 1))
-        with pytest.raises(acs.DeviceMismatchError):
+        with pytest.raises(acs.DeviceMismatchError) as info:
             s0.enqueue_signal(acs.Signal(sem_other, 1))
+        # Both drivers are called "sim": the message tells the two objects apart.
+        message = str(info.value)
+        assert f"the sim driver object at {id(other):#x}, but the stream" in message
+        assert f"belongs to the sim driver object at {id(sim):#x}" in message
         with pytest.raises(TypeError, match="Wait"):
-            s0.enqueue_wait(acs.Signal(sem0, 1))  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match="at least one"):
+            s0.enqueue_wait(acs.Signal(sem0, 1))  # type: ignore[call-overload]
+        with pytest.raises(ValueError, match=r"enqueue_wait\(\) needs at least one"):
             s0.enqueue_wait()
+        with pytest.raises(ValueError, match=r"enqueue_wait\(\) needs at least one"):
+            s0.enqueue_wait([])
+        with pytest.raises(ValueError, match=r"enqueue_signal\(\) needs at least one"):
+            s0.enqueue_signal(())
         await sem0.aclose()
         with pytest.raises(anyio.ClosedResourceError):
             s0.enqueue_wait(acs.Wait(sem0, 1))
@@ -319,6 +366,49 @@ async def test_cancelled_host_wait_leaves_no_stream_behind(sim: SimDriver) -> No
     await sem.aclose()
 
 
+async def test_entry_lists_take_one_entry_several_or_a_sequence(sim: SimDriver) -> None:
+    a, pa = import_sim_semaphore(sim)
+    b, pb = import_sim_semaphore(sim)
+    calls: list[int] = []
+    waits, signals = sim.enqueue_semaphore_waits, sim.enqueue_semaphore_signals
+    sim.enqueue_semaphore_waits = lambda ops, h: (calls.append(len(ops)), waits(ops, h))[1]  # type: ignore[method-assign]
+    sim.enqueue_semaphore_signals = lambda ops, h: (calls.append(len(ops)), signals(ops, h))[1]  # type: ignore[method-assign]
+    try:
+        async with acs.open_stream(driver=sim) as s:
+            w = [acs.Wait(a, 0), acs.Wait(b, 0)]
+            s.enqueue_wait(w[0])
+            s.enqueue_wait(*w)
+            s.enqueue_wait(w)  # was "expected aiocudasem.Wait entries, not list"
+            s.enqueue_wait(tuple(w))
+            s.enqueue_signal(acs.Signal(a, 1))
+            s.enqueue_signal(acs.Signal(a, 2), acs.Signal(b, 2))
+            s.enqueue_signal([acs.Signal(a, 3), acs.Signal(b, 3)])
+            assert calls == [1, 2, 2, 2, 1, 2, 2]
+            with anyio.fail_after(5):
+                await acs.wait_external_semaphores(acs.Wait(a, 3), s)
+                await acs.wait_external_semaphores((acs.Wait(a, 3), acs.Wait(b, 3)), s)
+            async with s.handoff(acs.Wait(a, 3), [acs.Signal(a, 4), acs.Signal(b, 4)]):
+                pass
+            assert pa.value == pb.value == 4
+            for bad, got in (
+                ((w[0], w[1:]), "got list beside other entries (give separate entries or one"),
+                (([w],), "got list"),
+                ((a,), "got ExternalSemaphore"),
+            ):
+                with pytest.raises(TypeError, match="one list or tuple of them") as info:
+                    s.enqueue_wait(*bad)  # type: ignore[call-overload]
+                assert got in str(info.value)
+            with pytest.raises(TypeError, match=r"wait_external_semaphores\(\) waits takes"):
+                await acs.wait_external_semaphores(acs.Signal(a, 1), s)  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match=r"handoff\(\) signals takes"):
+                s.handoff(w, acs.Wait(a, 1))  # type: ignore[arg-type]
+            assert calls == [1, 2, 2, 2, 1, 2, 2, 1, 2, 1, 2]  # nothing enqueued by the errors
+    finally:
+        del sim.enqueue_semaphore_waits, sim.enqueue_semaphore_signals
+    await a.aclose()
+    await b.aclose()
+
+
 async def test_wait_external_semaphores_facade(sim: SimDriver) -> None:
     a, pa = import_sim_semaphore(sim)
     b, pb = import_sim_semaphore(sim, timeline=False)
@@ -342,7 +432,7 @@ async def test_wait_external_semaphores_facade(sim: SimDriver) -> None:
         pa.signal(2)
         with anyio.fail_after(5):
             await acs.wait_external_semaphores([acs.Wait(a, 2)], s.handle)
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=r"needs at least one aiocudasem\.Wait"):
             await acs.wait_external_semaphores([], s)
     await a.aclose()
     await b.aclose()

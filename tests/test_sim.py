@@ -149,7 +149,7 @@ def test_is_a_driver() -> None:
     assert all(len(u) == 16 for u in uuids)
     assert drv.device_name(1) == "Simulated CUDA device 1"
     drv.check_health(2)
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match=">= 1"):
         SimDriver(devices=0)
 
 
@@ -516,22 +516,60 @@ def test_timeline_gpu_signal_then_gpu_wait_on_another_stream(sim: Sim) -> None:
 def test_producer_argument_checks(sim: Sim) -> None:
     _, timeline = sim.semaphore(timeline=True)
     _, binary = sim.semaphore(timeline=False)
-    with pytest.raises(ValueError, match="timeline value"):
+    # The wrong type is TypeError, a value out of range ValueError.
+    with pytest.raises(TypeError, match="signalled with a value"):
         timeline.signal()
-    with pytest.raises(ValueError, match="timeline value"):
+    with pytest.raises(TypeError, match="timeline value must be an int"):
         timeline.signal(True)
+    with pytest.raises(TypeError, match="timeline value must be an int in"):
+        timeline.signal("1")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="timeline value"):
         timeline.signal(-1)
     with pytest.raises(ValueError, match="timeline value"):
         timeline.signal(1 << 64)
-    with pytest.raises(ValueError, match="needs a value"):
+    with pytest.raises(TypeError, match="needs a value"):
         timeline.block_until(None, timeout=0)
+    with pytest.raises(TypeError, match="timeline value must be an int"):
+        timeline.block_until("1", timeout=0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="timeout"):
+        timeline.block_until(0, timeout="1")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="without a value"):
         binary.signal(1)
+    with pytest.raises(ValueError, match="without a value"):
+        binary.block_until(1, timeout=0)
+    assert timeline.value == 0  # nothing above changed it
     with pytest.raises(ValueError, match="binary semaphore starts at 0"):
         sim.drv.create_semaphore(timeline=False, initial=2)
     with pytest.raises(ValueError, match="initial"):
         sim.drv.create_semaphore(initial=-1)
+    with pytest.raises(TypeError, match="initial must be an int"):
+        sim.drv.create_semaphore(initial="1")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="timeline must be a bool"):
+        sim.drv.create_semaphore(timeline=1)  # type: ignore[arg-type]
+
+
+def test_driver_argument_checks(sim: Sim) -> None:
+    with pytest.raises(TypeError, match="devices must be an int"):
+        SimDriver(devices="2")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="devices must be an int"):
+        SimDriver(devices=True)
+    with pytest.raises(TypeError, match="name must be a str"):
+        SimDriver(name=1)  # type: ignore[arg-type]
+    drv = sim.drv
+    with pytest.raises(TypeError, match=r"pass stream\.handle"):
+        drv.launch("0x10", lambda: None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="callable"):
+        drv.launch(sim.stream(), None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="ordinal must be an int"):
+        drv.inject_fault("0")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="does not exist"):
+        drv.inject_fault(drv.device_count())
+    with pytest.raises(TypeError, match="status must be an int"):
+        drv.inject_fault(0, "700")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not a sticky CUresult: use one of"):
+        drv.inject_fault(0, 1)
+    drv.check_health(0)  # none of the above faulted the device
+    assert repr(drv).startswith("<SimDriver 'sim' devices=2 at 0x")
 
 
 # ------------------------------------------------------------------------------ binary

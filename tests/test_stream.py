@@ -201,12 +201,58 @@ async def test_adopt_raw_legacy_default_stream(
         (1.5, TypeError),
         (True, TypeError),
         (-1, ValueError),
+        (2**64, ValueError),  # was CudaError 400 from the driver
         (type("Bad", (), {"__cuda_stream__": lambda self: 7})(), TypeError),
+        (_Foreign(-1), ValueError),
+        (_Foreign(2**64), ValueError),
     ],
 )
 async def test_adopt_rejects_non_streams(sim: SimDriver, obj: object, exc: type) -> None:
     with pytest.raises(exc):
         acs.Stream.adopt(obj, driver=sim)
+
+
+class _Versioned:
+    def __init__(self, version: int, handle: int) -> None:
+        self.version = version
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (self.version, self.handle)
+
+
+async def test_adopt_checks_the_protocol_version(sim: SimDriver) -> None:
+    async with acs.open_stream(driver=sim) as owner:
+        with pytest.raises(ValueError, match="protocol version 1: only version 0"):
+            acs.Stream.adopt(_Versioned(1, owner.handle), driver=sim)
+        borrowed = acs.Stream.adopt(_Versioned(0, owner.handle), driver=sim)
+        assert borrowed.handle == owner.handle
+        await borrowed.aclose()
+
+
+class _Broken:
+    def __cuda_stream__(self) -> tuple[int, int]:
+        raise RuntimeError("the stream was released")
+
+
+async def test_adopt_chains_an_error_of_the_protocol(sim: SimDriver) -> None:
+    with pytest.raises(ValueError, match="_Broken as a CUDA stream: its __cuda_stream__") as info:
+        acs.Stream.adopt(_Broken(), driver=sim)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert "the stream was released" in str(info.value)
+
+
+async def test_adopt_refuses_a_closed_stream_and_another_driver(sim: SimDriver) -> None:
+    other = SimDriver()
+    s = acs.open_stream(driver=sim)
+    with pytest.raises(acs.DeviceMismatchError, match="driver object at") as info:
+        acs.Stream.adopt(s, driver=other)
+    assert f"{id(sim):#x}" in str(info.value)
+    assert f"{id(other):#x}" in str(info.value)
+    assert acs.Stream.adopt(s, driver=sim) is s
+    await s.aclose()
+    with pytest.raises(anyio.ClosedResourceError):
+        acs.Stream.adopt(s)
 
 
 async def test_adopt_unknown_handle_is_a_cuda_error(sim: SimDriver) -> None:

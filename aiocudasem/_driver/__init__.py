@@ -12,12 +12,14 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload, runtime_checkable
 
 from .._errors import DriverUnavailableError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+    from ._sim import SimDriver
 
 __all__ = ("DRIVER_ENV", "Driver", "SemaphoreDesc", "SemOp", "get_driver")
 
@@ -140,6 +142,10 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+@overload
+def get_driver(name: Literal["sim"]) -> SimDriver: ...
+@overload
+def get_driver(name: str | None = None) -> Driver: ...
 def get_driver(name: str | None = None) -> Driver:
     """Return the process-wide driver called ``name`` (``"cuda"`` or ``"sim"``).
 

@@ -51,6 +51,16 @@ _CUDA_NAMES: Final = {
 }
 
 
+def _uint(name: str, value: object, what: str = "an int") -> int:
+    """``value`` as an int in [0, 2**64): ``TypeError`` for another type (a bool included),
+    ``ValueError`` out of range. ``what`` names the value in the messages."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be {what} in [0, 2**64), not {type(value).__name__}")
+    if not 0 <= value < _U64:
+        raise ValueError(f"{name} must be {what} in [0, 2**64), not {value}")
+    return value
+
+
 def _error(status: int, what: str) -> CudaError:
     name = _CUDA_NAMES.get(status, f"CUDA_ERROR_{status}")
     cls = DeviceFaultError if status in STICKY_STATUSES else CudaError
@@ -145,27 +155,45 @@ class SimProducer:
 
     def signal(self, value: int | None = None) -> None:
         """Signal from the host: set a timeline to ``value`` or signal a binary semaphore
-        (``value`` must then be ``None``). Never blocks."""
+        (``value`` must then be ``None``). Never blocks. Raises ``TypeError`` for a timeline
+        value that is not an int (``None`` included) and ``ValueError`` for one outside
+        [0, 2**64) or for a value given to a binary semaphore."""
         sem = self._sem
         if sem.binary:
             if value is not None:
-                raise ValueError("a binary semaphore is signalled without a value")
-        elif not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < _U64:
-            raise ValueError(f"timeline value must be an int in [0, 2**64), not {value!r}")
+                raise ValueError("a binary semaphore is signalled without a value: signal()")
+            new = 1
+        elif value is None:
+            raise TypeError("a timeline semaphore is signalled with a value: signal(n)")
+        else:
+            new = _uint("a timeline value", value)
         with self._driver._lock:
             if not sem.stuck:
-                sem.value = 1 if sem.binary else value  # type: ignore[assignment]
+                sem.value = new
             self._driver._deps.notify_all()
 
     def block_until(self, value: int | None = None, timeout: float | None = None) -> bool:
         """Block until a timeline reaches ``value`` (or a binary one is signalled, consuming
         the signal). Returns False after ``timeout`` seconds."""
         sem = self._sem
-        if not sem.binary and (value is None or not 0 <= value < _U64):
-            raise ValueError("a timeline wait needs a value in [0, 2**64)")
+        if sem.binary:
+            if value is not None:
+                raise ValueError("a binary semaphore is waited for without a value")
+            target = 1
+        elif value is None:
+            raise TypeError("a timeline wait needs a value: block_until(n)")
+        else:
+            target = _uint("a timeline value", value)
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+                raise TypeError(
+                    f"timeout must be a number of seconds, not {type(timeout).__name__}"
+                )
+            if timeout != timeout:  # NaN
+                raise ValueError("timeout must be a number of seconds, not NaN")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._driver._lock:
-            while not (sem.value >= 1 if sem.binary else sem.value >= value):  # type: ignore[operator]
+            while not sem.value >= target:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -181,13 +209,19 @@ class SimProducer:
 
 
 class SimDriver:
-    """A simulated CUDA device. ``devices`` is the number of simulated GPUs."""
+    """A simulated CUDA device. ``devices`` is the number of simulated GPUs (an int >= 1);
+    ``name`` is the driver's name in messages. Raises ``TypeError`` for a value of the wrong
+    type and ``ValueError`` for ``devices`` < 1."""
 
     simulated = True
 
     def __init__(self, devices: int = 2, name: str = "sim") -> None:
-        if not isinstance(devices, int) or devices < 1:
-            raise ValueError("devices must be a positive int")
+        if isinstance(devices, bool) or not isinstance(devices, int):
+            raise TypeError(f"devices must be an int >= 1, not {type(devices).__name__}")
+        if devices < 1:
+            raise ValueError(f"devices must be an int >= 1, not {devices}")
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, not {type(name).__name__}")
         self.name = name
         self._devices = devices
         self._lock = threading.Lock()
@@ -205,6 +239,9 @@ class SimDriver:
         self._streams[0] = _Stream(0, 0, self._lock)
         track(self)
 
+    def __repr__(self) -> str:
+        return f"<SimDriver {self.name!r} devices={self._devices} at {id(self):#x}>"
+
     def _after_fork(self) -> None:
         # Every call takes the lock first: a lock that refuses makes every call fail clearly,
         # where the inherited one might be held forever by a worker thread that is gone.
@@ -213,18 +250,30 @@ class SimDriver:
     # ------------------------------------------------------------------ simulator controls
 
     def create_semaphore(self, timeline: bool = True, initial: int = 0) -> SimProducer:
-        """Create an external semaphore owned by a simulated producer."""
-        if not 0 <= initial < _U64:
-            raise ValueError("initial must be in [0, 2**64)")
+        """Create an external semaphore owned by a simulated producer: a timeline starting at
+        ``initial``, or a binary semaphore, signalled if ``initial`` is 1. Raises
+        ``TypeError`` for a value of the wrong type and ``ValueError`` for one out of range."""
+        if not isinstance(timeline, bool):
+            raise TypeError(f"timeline must be a bool, not {type(timeline).__name__}")
+        _uint("initial", initial)
         if not timeline and initial not in (0, 1):
             raise ValueError("a binary semaphore starts at 0 (unsignalled) or 1 (signalled)")
         return SimProducer(self, _Semaphore(not timeline, initial))
 
     def inject_fault(self, ordinal: int = 0, status: int = 700) -> None:
         """Put device ``ordinal``'s context into a sticky error: pending work is dropped, host
-        functions are never called, and every later call on it raises DeviceFaultError."""
+        functions are never called, and every later call on it raises DeviceFaultError.
+        Raises ``TypeError`` for a value of the wrong type, ``ValueError`` for a device that
+        does not exist or a status that is not sticky."""
+        if isinstance(ordinal, bool) or not isinstance(ordinal, int):
+            raise TypeError(f"ordinal must be an int, not {type(ordinal).__name__}")
+        if not 0 <= ordinal < self._devices:
+            raise ValueError(f"device {ordinal} does not exist: {self._devices} device(s)")
+        if isinstance(status, bool) or not isinstance(status, int):
+            raise TypeError(f"status must be an int CUresult, not {type(status).__name__}")
         if status not in STICKY_STATUSES:
-            raise ValueError(f"{status} is not a sticky CUresult")
+            sticky = ", ".join(map(str, sorted(STICKY_STATUSES)))
+            raise ValueError(f"{status} is not a sticky CUresult: use one of {sticky}")
         with self._lock:
             self._faults.setdefault(ordinal, status)
             for s in self._streams.values():
@@ -235,7 +284,15 @@ class SimDriver:
 
     def launch(self, stream: int, fn: Callable[[], None]) -> None:
         """Enqueue a Python callable as a simulated kernel. It runs on the stream's worker
-        thread; an exception in it faults the context with CUDA_ERROR_LAUNCH_FAILED."""
+        thread; an exception in it faults the context with CUDA_ERROR_LAUNCH_FAILED.
+        ``stream`` is a raw handle: ``sim.launch(stream.handle, fn)``."""
+        if isinstance(stream, bool) or not isinstance(stream, int):
+            raise TypeError(
+                f"launch() takes a stream handle (an int), not {type(stream).__name__}: "
+                "pass stream.handle"
+            )
+        if not callable(fn):
+            raise TypeError(f"fn must be a callable, not {type(fn).__name__}")
 
         def kernel() -> None:
             try:
