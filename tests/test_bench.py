@@ -58,3 +58,16 @@ def test_bench_refuses_bad_repeats(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "--repeats must be in [1, 100]" in proc.stderr
+
+
+def test_bench_refuses_unknown_approaches(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "aiocudasem", "bench", "--driver", "sim", "--only", "sync,cupyy"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert "--only: unknown approach(es) cupyy; see --help for the names" in proc.stderr
+    assert not (tmp_path / "bench-out").exists()
