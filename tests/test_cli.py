@@ -161,6 +161,15 @@ def test_the_driver_flag_takes_precedence_over_the_variable() -> None:
     assert "all 4 frames verified" in proc.stdout
 
 
+def test_doctor_reports_an_invalid_driver_variable() -> None:
+    proc = _run("doctor", env={acs.DRIVER_ENV: "bogus"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    problem = "AIOCUDASEM_DRIVER='bogus' names no driver: set it to cuda or sim, or unset it"
+    assert f"default: PROBLEM: {problem}" in proc.stdout
+    assert proc.stderr.startswith(f"aiocudasem doctor: problem: {problem}")
+    assert "notifier" in proc.stdout  # the rest of the report is still there
+
+
 # ---------------------------------------------------------------- a closed output pipe
 
 
