@@ -10,6 +10,7 @@ import argparse
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -254,3 +255,43 @@ def test_other_errors_beside_a_closed_pipe_are_not_hidden(monkeypatch: pytest.Mo
     with pytest.raises(ExceptionGroup) as info:
         cli.main(["demo"])
     assert info.value is group
+
+
+# ---------------------------------------------------------------- bench without matplotlib
+
+
+def _tiny_results() -> tuple[dict[str, object], dict[str, object]]:
+    run = {
+        "latency_100us": [110.0, 120.0],
+        "latency_empty": [5.0, 6.0],
+        "awaits_per_s_1": 1000.0,
+        "awaits_per_s_8": 4000.0,
+    }
+    results = {"sync": {"label": "blocking sync", "runs": [run]}}
+    meta = {
+        "date": "2026-12-01 12:00 UTC",
+        "simulated": True,
+        "gpu": {"device": "simulated", "driver": "sim"},
+        "host": "x86_64, 2 CPUs",
+        "devices": 1,
+        "repeats": 1,
+        "commit": "commit 0123456789ab",
+        "versions": {"python": "3.11"},
+    }
+    return results, meta
+
+
+def test_bench_without_matplotlib_says_so_and_links_no_plot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # importing it raises ImportError
+    (tmp_path / "latency.png").write_bytes(b"a plot of an earlier run")
+    results, meta = _tiny_results()
+    bench.write(tmp_path, results, meta)
+    page = (tmp_path / "performance.md").read_text()
+    assert "latency.png" not in page
+    assert "(No latency plot: matplotlib is not installed; pip install 'aiocudasem[bench]'" in page
+    assert not (tmp_path / "latency.png").exists()  # the earlier run's plot is gone
+    err = capsys.readouterr().err
+    assert err.startswith("aiocudasem bench: warning: wrote no latency.png: matplotlib is not")
+    assert "removed the latency.png of an earlier run" in err

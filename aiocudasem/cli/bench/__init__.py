@@ -37,7 +37,7 @@ says how far it is. On the simulated device every figure is labelled as simulate
 
 Writes results.json, performance.md and, with matplotlib installed (pip install
 'aiocudasem[bench]'), latency.png to --out; without matplotlib the page says that there is no
-plot."""
+plot, and a warning on standard error says why."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -141,19 +141,34 @@ def _meta(drv: acs.Driver, devices: int, repeats: int) -> dict[str, Any]:
 
 
 def write(out: Path, results: dict[str, Any], meta: dict[str, Any]) -> None:
-    """results.json (every run and the summary), performance.md and, if it can, latency.png."""
+    """results.json (every run and the summary), performance.md and, if it can, latency.png.
+    Without a plot, the page says so instead of linking one, a warning on standard error says
+    why, and a latency.png left in ``out`` by an earlier run is removed (the page would
+    otherwise sit beside a plot of other figures)."""
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {n: summarize(e) for n, e in results.items() if n != "trio"}
     summary["trio"] = {n: summarize(e) for n, e in results.get("trio", {}).items()}
     (out / "results.json").write_text(
         json.dumps({"meta": meta, "summary": summary, "results": results})
     )
-    plotted = plot(results, out / "latency.png", meta["simulated"])
-    (out / "performance.md").write_text(markdown(results, meta, plotted))
-    say(f"wrote {out / 'results.json'}, performance.md" + (", latency.png" if plotted else ""))
-    if not plotted:
-        say("no latency.png: matplotlib is not installed (pip install 'aiocudasem[bench]')")
-    say(markdown(results, meta, plotted))
+    png = out / "latency.png"
+    no_plot = plot(results, png, meta["simulated"])
+    page = markdown(results, meta, no_plot)
+    (out / "performance.md").write_text(page)
+    say(f"wrote {out / 'results.json'}, performance.md" + ("" if no_plot else ", latency.png"))
+    if no_plot:
+        stale = png.exists()
+        if stale:
+            png.unlink()
+        print(
+            f"aiocudasem bench: warning: wrote no latency.png: {no_plot}. performance.md says "
+            "so and links no plot"
+            + ("; removed the latency.png of an earlier run" if stale else "")
+            + ".",
+            file=sys.stderr,
+            flush=True,
+        )
+    say(page)
 
 
 if __name__ == "__main__":
