@@ -169,9 +169,3 @@ def write(out: Path, results: dict[str, Any], meta: dict[str, Any]) -> None:
             flush=True,
         )
     say(page)
-
-
-if __name__ == "__main__":
-    from .. import main as cli_main
-
-    sys.exit(cli_main(["bench", *sys.argv[1:]]))
