@@ -36,11 +36,13 @@ __all__ = ("main",)
 
 COMMANDS = ("demo", "doctor", "bench")
 
+# Help text with line breaks of its own is wrapped to fit 80 columns.
 _DRIVER_ENV_HELP = """\
 environment:
-  AIOCUDASEM_DRIVER  the driver when --driver is not given: cuda (the real GPU) or sim (the
-                     simulated device); unset, the library uses cuda and the demo falls back
-                     to the simulated device when there is no usable GPU, saying so"""
+  AIOCUDASEM_DRIVER  cuda (the real GPU) or sim (the simulated device), used
+                     when --driver is not given. Unset, the library uses cuda,
+                     and the demo falls back to the simulated device when there
+                     is no usable GPU, saying so."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -65,9 +67,10 @@ def _parser() -> argparse.ArgumentParser:
         "demo",
         help="run the producer/consumer demo pipeline",
         description="""\
-Run the producer/consumer pipeline: a producer thread hands frames to consumer coroutines
-through timeline semaphores, the GPU checks every frame, and the demo reports the hand-off
-latency. On a GPU the producer is Vulkan; on the simulated device it is a host thread.""",
+Run the producer/consumer pipeline: a producer thread hands frames to consumer
+coroutines through timeline semaphores, the GPU checks every frame, and the
+demo reports the hand-off latency. On a GPU the producer is Vulkan; on the
+simulated device it is a host thread.""",
         epilog=f"{_DRIVER_ENV_HELP}\n\n{exit_statuses()}",
         formatter_class=HelpFormatter,
     )
@@ -94,11 +97,12 @@ latency. On a GPU the producer is Vulkan; on the simulated device it is a host t
         "doctor",
         help="report what this machine offers: drivers, devices, Vulkan",
         description="""\
-Report what this machine offers: package versions, the C notifier, the CUDA devices and the
-module loading mode, the Vulkan device, and the default driver.""",
+Report what this machine offers: package versions, the C notifier, the CUDA
+devices and the module loading mode, the Vulkan device, and the default
+driver.""",
         epilog=exit_statuses(
-            failure="a problem in the configuration (an invalid $AIOCUDASEM_DRIVER), also "
-            "named on stderr;\n       no GPU or no Vulkan is reported, not a problem",
+            failure="a problem in the configuration (an invalid $AIOCUDASEM_DRIVER),\n"
+            "       also named on stderr; no GPU or no Vulkan is reported, not a problem",
             usage="bad command line",
         ),
         formatter_class=HelpFormatter,

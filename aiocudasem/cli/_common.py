@@ -30,16 +30,16 @@ DRIVERS = ("cuda", "sim")
 
 def exit_statuses(
     failure: str = "failure (for example, the GPU asked for cannot be used)",
-    usage: str = f"bad command line, or ${DRIVER_ENV} set to something other than cuda or sim",
+    usage: str = f"bad command line, or ${DRIVER_ENV} neither cuda nor sim",
 ) -> str:
-    """The help's list of exit statuses; ``failure`` and ``usage`` say what 1 and 2 mean for a
-    command."""
+    """The help's list of exit statuses, to fit 80 columns; ``failure`` and ``usage`` say what
+    1 and 2 mean for a command."""
     return f"""\
 exit status:
   {EXIT_OK}    success
   {EXIT_FAILED}    {failure}
   {EXIT_USAGE}    {usage}
-  {EXIT_CLOSED_PIPE}  the output pipe was closed early (as by | head): the command stops quietly"""
+  {EXIT_CLOSED_PIPE}  the output pipe was closed early (as by | head); it stops quietly"""
 
 
 class ArgumentParser(argparse.ArgumentParser):

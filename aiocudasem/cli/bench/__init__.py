@@ -28,16 +28,19 @@ from ._common import say
 from ._measure import Bench, run_asyncio, run_trio
 from ._report import commit, gpu_info, markdown, plot, summarize, versions
 
-_DESCRIPTION = """Side-by-side benchmarks: how fast does async Python learn that GPU work is done?
+_DESCRIPTION = """\
+Side-by-side benchmarks: how fast does async Python learn that GPU work is
+done?
 
-Every approach waits on the same raw CUDA streams, with the same %globaltimer spin kernel, in
-one process and one run; peer libraries (CuPy, PyTorch, numba-cuda) wrap those streams, so they
-wait on exactly the same work. A full run takes minutes: a progress line per approach per round
-says how far it is. On the simulated device every figure is labelled as simulated.
+Every approach waits on the same raw CUDA streams, with the same %globaltimer
+spin kernel, in one process and one run; peer libraries (CuPy, PyTorch,
+numba-cuda) wrap those streams, so they wait on exactly the same work. A full
+run takes minutes: a progress line per approach per round says how far it is.
+On the simulated device every figure is labelled as simulated.
 
 Writes results.json, performance.md and, with matplotlib installed (pip install
-'aiocudasem[bench]'), latency.png to --out; without matplotlib the page says that there is no
-plot, and a warning on standard error says why."""
+'aiocudasem[bench]'), latency.png to --out; without matplotlib the page says
+that there is no plot, and a warning on standard error says why."""
 
 
 def _parser() -> argparse.ArgumentParser:
