@@ -43,9 +43,11 @@ def test_bench_repeats_interleaves_and_reports_spreads(tmp_path: Path) -> None:
     assert "## trio: wake latency (100 us kernel) and throughput" in page
     if (out / "latency.png").exists():
         assert "![latency distributions](latency.png)" in page
+        assert "no latency.png" not in proc.stderr
     else:
         assert "No latency plot" in page
-        assert "no latency.png" in proc.stdout
+        assert "latency.png" not in page
+        assert "aiocudasem bench: warning: wrote no latency.png" in proc.stderr
 
 
 def test_bench_refuses_bad_repeats(tmp_path: Path) -> None:
@@ -58,3 +60,16 @@ def test_bench_refuses_bad_repeats(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "--repeats must be in [1, 100]" in proc.stderr
+
+
+def test_bench_refuses_unknown_approaches(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "aiocudasem", "bench", "--driver", "sim", "--only", "sync,cupyy"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert "--only: unknown approach(es) cupyy; see --help for the names" in proc.stderr
+    assert not (tmp_path / "bench-out").exists()

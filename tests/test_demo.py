@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -59,18 +60,22 @@ async def test_demo_bad_arguments(sim: SimDriver, kwargs: dict[str, int]) -> Non
         await run_demo(sim, say=lambda _: None, **kwargs)
 
 
-def test_cli_demo_says_it_runs_on_the_simulated_device() -> None:
+def test_cli_demo_without_a_choice_falls_back_to_the_simulated_device_saying_so() -> None:
+    # No --driver and no $AIOCUDASEM_DRIVER; CUDA_VISIBLE_DEVICES= hides any GPU.
+    env = {**os.environ, "AIOCUDASEM_DRIVER": "", "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(
         [sys.executable, "-m", "aiocudasem", "demo", "--frames", "24", "--backend", "trio"],
         capture_output=True,
         text=True,
         timeout=120,
-        env={"AIOCUDASEM_DRIVER": "", "PATH": "/usr/bin:/bin"},
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "SIMULATED" in out
+    assert out.startswith("no usable CUDA GPU: ")
+    assert "falling back to the SIMULATED device; pass --driver cuda" in out
     assert "all 24 frames verified" in out
+    assert "ran on the SIMULATED device" in out
 
 
 def test_cli_doctor() -> None:

@@ -7,6 +7,7 @@ import pytest
 from aiocudasem import VulkanUnavailableError
 from aiocudasem.cli import doctor
 from aiocudasem.cli.doctor import LAZY_LOADING_HINT
+from aiocudasem.lowlevel import DRIVER_ENV
 from aiocudasem.vulkan import VulkanDevice
 
 
@@ -37,13 +38,33 @@ class _FakeCuda:
 def _doctor_output(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], drv: object
 ) -> str:
+    out, err = _doctor(monkeypatch, capsys, drv)
+    assert err == ""
+    return out
+
+
+def _doctor(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    drv: object,
+    status: int = 0,
+) -> tuple[str, str]:
+    """doctor's standard output and error, with ``drv`` as the CUDA driver (an exception:
+    get_driver raises it) and no Vulkan."""
+
     def no_vulkan(cls: type[VulkanDevice], uuid: bytes | None = None) -> VulkanDevice:
         raise VulkanUnavailableError("no Vulkan in this test")
 
-    monkeypatch.setattr(doctor, "get_driver", lambda name: drv)
+    def get_driver(name: str) -> object:
+        if isinstance(drv, Exception):
+            raise drv
+        return drv
+
+    monkeypatch.setattr(doctor, "get_driver", get_driver)
     monkeypatch.setattr(VulkanDevice, "open", classmethod(no_vulkan))
-    assert doctor.main() == 0
-    return capsys.readouterr().out
+    assert doctor.main() == status
+    captured = capsys.readouterr()
+    return captured.out, captured.err
 
 
 def test_lazy_mode_is_reported_with_the_hand_off_hint(
@@ -88,3 +109,40 @@ def test_a_driver_without_a_loading_mode_prints_no_line(
     out = _doctor_output(monkeypatch, capsys, Simulated("lazy"))
     assert "module loading" not in out
     assert "vulkan: unavailable: no Vulkan in this test" in out
+
+
+def test_no_gpu_is_reported_in_command_line_terms_and_is_no_problem(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aiocudasem._driver import unavailable
+
+    monkeypatch.delenv(DRIVER_ENV, raising=False)
+    out = _doctor_output(monkeypatch, capsys, unavailable("no CUDA device is present"))
+    assert "cuda: unavailable: no CUDA device is present\n" in out
+    assert (
+        "default: cuda ($AIOCUDASEM_DRIVER is not set); the simulated device is --driver sim" in out
+    )
+    assert "PROBLEM" not in out
+
+
+def test_a_valid_driver_variable_is_the_default(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(DRIVER_ENV, "sim")
+    out = _doctor_output(monkeypatch, capsys, _FakeCuda("eager"))
+    assert "default: sim (AIOCUDASEM_DRIVER=sim)" in out
+
+
+@pytest.mark.parametrize("value", ["gpu", "Sim"])
+def test_an_invalid_driver_variable_is_a_problem(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    monkeypatch.setenv(DRIVER_ENV, value)
+    out, err = _doctor(monkeypatch, capsys, _FakeCuda("eager"), status=1)
+    problem = (
+        f"AIOCUDASEM_DRIVER={value!r} names no driver: set it to cuda or sim, or unset it. "
+        "Until then, library calls without driver= fail"
+    )
+    assert f"default: PROBLEM: {problem}\n" in out
+    assert err == f"aiocudasem doctor: problem: {problem}\n"
+    assert "device 0: Fake GPU" in out  # the rest of the report is still there

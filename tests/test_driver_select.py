@@ -42,6 +42,25 @@ def test_bad_driver_names(name: object, exc: type) -> None:
         acs.get_driver(name)  # type: ignore[arg-type]
 
 
+def test_an_unknown_name_is_named_with_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match=r"^unknown driver 'gpu': use 'cuda' or 'sim'$"):
+        acs.get_driver("gpu")
+
+
+@pytest.mark.parametrize("value", ["gpu", "SIM", "cuda sim"])
+def test_an_invalid_environment_variable_is_named(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv(acs.DRIVER_ENV, value)
+    with pytest.raises(ValueError) as info:
+        acs.get_driver()
+    assert str(info.value) == (
+        f"AIOCUDASEM_DRIVER={value!r} names no driver: set it to 'cuda' or 'sim', or unset it "
+        "(then 'cuda' is used), or pass driver= explicitly"
+    )
+    assert acs.get_driver("sim") is acs.get_driver("sim")  # an explicit name ignores it
+
+
 def test_sim_driver_arguments() -> None:
     with pytest.raises(ValueError):
         SimDriver(devices=0)

@@ -25,6 +25,7 @@ __all__ = ("DRIVER_ENV", "Driver", "SemaphoreDesc", "SemOp", "get_driver")
 
 #: Environment variable that picks the default driver: ``cuda`` (default) or ``sim``.
 DRIVER_ENV = "AIOCUDASEM_DRIVER"
+_NAMES = ("cuda", "sim")
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,10 +152,17 @@ def get_driver(name: str | None = None) -> Driver:
 
     ``None`` reads ``$AIOCUDASEM_DRIVER`` and falls back to ``"cuda"``: the simulated device is
     never picked silently. Raises :class:`DriverUnavailableError` if the CUDA driver cannot run
-    here, with a message naming the ``sim`` option, and ``ValueError`` for an unknown name.
+    here, with a message naming the ``sim`` option, and ``ValueError`` for an unknown name,
+    whether passed or read from ``$AIOCUDASEM_DRIVER`` (the message says which).
     """
     if name is None:
-        name = os.environ.get(DRIVER_ENV, "").strip() or "cuda"
+        raw = os.environ.get(DRIVER_ENV, "")
+        name = raw.strip() or "cuda"
+        if name not in _NAMES:
+            raise ValueError(
+                f"{DRIVER_ENV}={raw!r} names no driver: set it to 'cuda' or 'sim', or unset it "
+                "(then 'cuda' is used), or pass driver= explicitly"
+            )
     if not isinstance(name, str):
         raise TypeError(f"driver name must be a str, not {type(name).__name__}")
     with _lock:

@@ -33,7 +33,6 @@ import numpy as np
 
 from .. import (
     AiocudasemError,
-    DriverUnavailableError,
     ExternalSemaphore,
     HandleType,
     Signal,
@@ -42,8 +41,9 @@ from .. import (
     import_semaphore,
     open_stream,
 )
-from ..lowlevel import Driver, get_driver
+from ..lowlevel import Driver
 from ..testing import SEEN, SimDriver, Workloads, frame_words, workloads
+from ._common import open_driver
 
 
 class _Producer(Protocol):
@@ -58,18 +58,6 @@ class DemoResult:
     frames: int
     latencies_us: list[float]
     elapsed_s: float
-
-
-def pick_driver(name: str | None, say: Callable[[str], None]) -> Driver:
-    """The demo's driver: the one asked for, else the real GPU, else (saying so) the sim."""
-    if name is not None:
-        return get_driver(name)
-    try:
-        return get_driver()
-    except DriverUnavailableError as exc:
-        say(f"no usable CUDA GPU: {exc.reason}")
-        say("falling back to the SIMULATED device; pass --driver cuda to insist on a GPU")
-        return get_driver("sim")
 
 
 @contextlib.contextmanager
@@ -359,17 +347,22 @@ def report(result: DemoResult, say: Callable[[str], None] = print) -> None:
 
 
 def main(driver_name: str | None, backend: str, params: DemoParams) -> int:
+    """``aiocudasem demo``: the device chosen by ``--driver`` (``driver_name``) or
+    ``$AIOCUDASEM_DRIVER``, which must be usable, or with no choice the real GPU if there is one,
+    else the simulated device, said so. Returns the exit status; raises
+    :class:`~._common.CommandError` if the chosen device cannot be used."""
+
     def say(msg: str) -> None:
         print(msg, flush=True)
 
+    driver = open_driver(driver_name, fallback=say)
+
+    async def go() -> DemoResult:
+        return await run_demo(driver, params, say=say)
+
+    say(f"event loop: {backend}")
+    name, _, opt = backend.partition("+")
     try:
-        driver = pick_driver(driver_name, say)
-
-        async def go() -> DemoResult:
-            return await run_demo(driver, params, say=say)
-
-        say(f"event loop: {backend}")
-        name, _, opt = backend.partition("+")
         result = anyio.run(go, backend=name, backend_options={"use_uvloop": True} if opt else {})
     except (AiocudasemError, RuntimeError, ValueError, TimeoutError) as exc:
         print(f"demo FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)

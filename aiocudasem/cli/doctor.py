@@ -1,4 +1,4 @@
-"""``python -m aiocudasem doctor``: what this machine offers."""
+"""``aiocudasem doctor``: what this machine offers, and any problem in its configuration."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import importlib.metadata
 import os
 import sys
 
-from .. import AiocudasemError
+from .. import AiocudasemError, DriverUnavailableError
 from ..lowlevel import DRIVER_ENV, HOST_FUNCTION, get_driver
+from ._common import DRIVERS, bad_env_message
 
 #: What ``doctor`` advises under lazy module loading, CUDA's default.
 LAZY_LOADING_HINT = (
@@ -24,6 +25,9 @@ def _version(dist: str) -> str:
 
 
 def main() -> int:
+    """Print the report. Returns 1 if it finds a problem in the configuration (an invalid
+    ``$AIOCUDASEM_DRIVER``), which it also names on standard error, else 0: a machine without a
+    GPU or without Vulkan is reported, not a problem."""
     print(f"python {sys.version.split()[0]} on {sys.platform}")
     for dist in ("aiocudasem", "cuda-bindings", "anyio", "numpy", "trio", "uvloop"):
         print(f"{dist:>14}: {_version(dist)}")
@@ -36,6 +40,10 @@ def main() -> int:
             u = drv.device_uuid(i)
             uuid = uuid or u
             print(f"{'cuda':>14}: device {i}: {drv.device_name(i)} (UUID {u.hex()})")
+    except DriverUnavailableError as exc:
+        # The reason alone: the library's message says how to pick the simulated device in
+        # Python, and the "default" line below says it for the command line too.
+        print(f"{'cuda':>14}: unavailable: {exc.reason}")
     except AiocudasemError as exc:
         print(f"{'cuda':>14}: unavailable: {exc}")
     if drv is not None:
@@ -47,8 +55,27 @@ def main() -> int:
             print(f"{'vulkan':>14}: {vk.name} (UUID {vk.uuid.hex()})")
     except AiocudasemError as exc:
         print(f"{'vulkan':>14}: unavailable: {exc}")
-    print(f"{'default':>14}: ${DRIVER_ENV} or 'cuda'; the simulated device is driver='sim'")
-    return 0
+    problem = _print_default()
+    if problem is None:
+        return 0
+    print(f"aiocudasem doctor: problem: {problem}", file=sys.stderr)
+    return 1
+
+
+def _print_default() -> str | None:
+    """The default driver's line; returns the problem with ``$AIOCUDASEM_DRIVER``, if any."""
+    sim = "the simulated device is --driver sim (driver='sim' in Python)"
+    raw = os.environ.get(DRIVER_ENV, "")
+    value = raw.strip()
+    if not value:
+        print(f"{'default':>14}: cuda (${DRIVER_ENV} is not set); {sim}")
+        return None
+    if value in DRIVERS:
+        print(f"{'default':>14}: {value} ({DRIVER_ENV}={value}); {sim}")
+        return None
+    problem = f"{bad_env_message(raw, flag=False)}. Until then, library calls without driver= fail"
+    print(f"{'default':>14}: PROBLEM: {problem}")
+    return problem
 
 
 def _print_loading_mode(drv: object) -> None:

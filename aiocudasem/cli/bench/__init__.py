@@ -1,14 +1,9 @@
-"""Side-by-side benchmarks: how fast does async Python learn that GPU work is done?
+"""``aiocudasem bench``: the side-by-side benchmarks. What they measure, print and write is
+in ``_DESCRIPTION`` below, which ``aiocudasem bench --help`` shows.
 
-    aiocudasem bench [--driver cuda|sim] [--out DIR] [--quick] [--only NAMES] [--devices N]
-
-Every approach waits on the same raw CUDA streams (created through the driver seam), with the
-same ``%globaltimer`` spin kernel, in one process and one run. Peer libraries (CuPy, PyTorch,
-numba-cuda) wrap those streams as external streams, so they wait on exactly the same work.
-On the simulated device everything runs too, and every figure is labelled as simulated.
-
-Writes ``results.json``, ``performance.md`` and, with matplotlib installed, ``latency.png`` to
-``--out``.
+- ``_approaches``: the ways of awaiting GPU work that are compared;
+- ``_measure``: the measurements, the interleaved rounds and the progress lines;
+- ``_report``: versions, the Markdown page and the plot.
 """
 
 from __future__ import annotations
@@ -27,43 +22,72 @@ import anyio
 
 import aiocudasem as acs
 
+from .._common import DRIVERS, ArgumentParser, HelpFormatter, exit_statuses, open_driver
 from ._approaches import ALL
 from ._common import say
 from ._measure import Bench, run_asyncio, run_trio
 from ._report import commit, gpu_info, markdown, plot, summarize, versions
 
+_DESCRIPTION = """\
+Side-by-side benchmarks: how fast does async Python learn that GPU work is
+done?
+
+Every approach waits on the same raw CUDA streams, with the same %globaltimer
+spin kernel, in one process and one run; peer libraries (CuPy, PyTorch,
+numba-cuda) wrap those streams, so they wait on exactly the same work. A full
+run takes minutes: a progress line per approach per round says how far it is.
+On the simulated device every figure is labelled as simulated.
+
+Writes results.json, performance.md and, with matplotlib installed (pip install
+'aiocudasem[bench]'), latency.png to --out; without matplotlib the page says
+that there is no plot, and a warning on standard error says why."""
+
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="aiocudasem bench",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_DESCRIPTION,
+        epilog=exit_statuses(),
+        formatter_class=HelpFormatter,
     )
     p.add_argument(
         "--driver",
-        choices=["cuda", "sim"],
+        choices=DRIVERS,
         default=None,
-        help="default: $AIOCUDASEM_DRIVER, else cuda",
+        help="cuda: the real GPU, sim: the simulated device (default: $AIOCUDASEM_DRIVER, else "
+        "cuda; the benchmarks never fall back to the simulated device by themselves)",
     )
     p.add_argument(
         "--out",
         type=Path,
         default=Path("bench-out"),
-        help="where results.json, performance.md and latency.png go (default: bench-out)",
+        metavar="DIR",
+        help="the folder that results.json, performance.md and latency.png go to",
     )
-    p.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: fewer iterations (always so on the simulated device) and, unless "
+        "--repeats says otherwise, 1 round",
+    )
     p.add_argument(
         "--repeats",
         type=int,
+        metavar="N",
         default=None,
-        help="interleaved rounds of every measurement (default: 5; 1 with --quick)",
+        help="interleaved rounds of every measurement, 1-100 (default: 5; 1 with --quick)",
     )
     p.add_argument(
-        "--only", default="", help="comma-separated approach names (sync, the floor, is always run)"
+        "--only",
+        default="",
+        metavar="NAMES",
+        help="comma-separated approaches to run (default: all); sync, the floor, always runs. "
+        "Names: " + ", ".join(cls.name for cls in ALL),
     )
     p.add_argument(
         "--devices",
         type=int,
+        metavar="N",
         default=1,
         help="also measure 8-stream throughput with the streams dealt over this many devices",
     )
@@ -71,20 +95,25 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the benchmarks. Raises :class:`~aiocudasem.cli._common.CommandError` if the driver
+    chosen cannot be used (the command line reports it)."""
     p = _parser()
     ns = p.parse_args(argv)
-    drv = acs.get_driver(ns.driver)
+    only = {x.strip() for x in ns.only.split(",") if x.strip()}
+    unknown = sorted(only - {cls.name for cls in ALL})
+    if unknown:
+        p.error(f"--only: unknown approach(es) {', '.join(unknown)}; see --help for the names")
+    repeats = ns.repeats if ns.repeats is not None else (1 if ns.quick else 5)
+    if not 1 <= repeats <= 100:
+        p.error("--repeats must be in [1, 100]")
+    drv = open_driver(ns.driver)
     if not 1 <= ns.devices <= drv.device_count():
         p.error(f"--devices must be in [1, {drv.device_count()}] on this machine")
     sim = drv.simulated
     say(
         f"benchmarks on {'the SIMULATED device' if sim else drv.device_name(0)} (driver {drv.name})"
     )
-    repeats = ns.repeats if ns.repeats is not None else (1 if ns.quick else 5)
-    if not 1 <= repeats <= 100:
-        p.error("--repeats must be in [1, 100]")
     b = Bench(drv, ns.quick or sim, ns.devices)
-    only = {x for x in ns.only.split(",") if x}
     if only:
         only.add("sync")  # the floor every figure is compared with
     aps = [cls(drv) for cls in ALL if not only or cls.name in only]
@@ -115,20 +144,31 @@ def _meta(drv: acs.Driver, devices: int, repeats: int) -> dict[str, Any]:
 
 
 def write(out: Path, results: dict[str, Any], meta: dict[str, Any]) -> None:
-    """results.json (every run and the summary), performance.md and, if it can, latency.png."""
+    """results.json (every run and the summary), performance.md and, if it can, latency.png.
+    Without a plot, the page says so instead of linking one, a warning on standard error says
+    why, and a latency.png left in ``out`` by an earlier run is removed (the page would
+    otherwise sit beside a plot of other figures)."""
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {n: summarize(e) for n, e in results.items() if n != "trio"}
     summary["trio"] = {n: summarize(e) for n, e in results.get("trio", {}).items()}
     (out / "results.json").write_text(
         json.dumps({"meta": meta, "summary": summary, "results": results})
     )
-    plotted = plot(results, out / "latency.png", meta["simulated"])
-    (out / "performance.md").write_text(markdown(results, meta, plotted))
-    say(f"wrote {out / 'results.json'}, performance.md" + (", latency.png" if plotted else ""))
-    if not plotted:
-        say("no latency.png: matplotlib is not installed (pip install 'aiocudasem[bench]')")
-    say(markdown(results, meta, plotted))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    png = out / "latency.png"
+    no_plot = plot(results, png, meta["simulated"])
+    page = markdown(results, meta, no_plot)
+    (out / "performance.md").write_text(page)
+    say(f"wrote {out / 'results.json'}, performance.md" + ("" if no_plot else ", latency.png"))
+    if no_plot:
+        stale = png.exists()
+        if stale:
+            png.unlink()
+        print(
+            f"aiocudasem bench: warning: wrote no latency.png: {no_plot}. performance.md says "
+            "so and links no plot"
+            + ("; removed the latency.png of an earlier run" if stale else "")
+            + ".",
+            file=sys.stderr,
+            flush=True,
+        )
+    say(page)

@@ -285,27 +285,36 @@ def _trio_table(trio: dict[str, Any]) -> list[str]:
     return lines
 
 
-def markdown(results: dict[str, Any], meta: dict[str, Any], plotted: bool = True) -> str:
+def markdown(results: dict[str, Any], meta: dict[str, Any], no_plot: str | None = None) -> str:
+    """The page. ``no_plot``: why there is no latency.png (then the page says so and links
+    none); ``None``: link the plot beside the page."""
     sums = {n: summarize(e) for n, e in results.items() if n != "trio"}
     lines = _header(meta) + _main_table(results, sums) + _crowd_table(results, sums)
     lines += _split_table(results, sums, meta.get("devices", 2))
     if "trio" in results:
         lines += _trio_table(results["trio"])
-    if plotted:
+    if no_plot is None:
         lines += ["", "![latency distributions](latency.png)", ""]
     else:
-        lines += ["", "(No latency plot: matplotlib was not installed for this run.)", ""]
+        lines += ["", f"(No latency plot: {no_plot}.)", ""]
     return "\n".join(lines)
 
 
-def plot(results: dict[str, Any], path: Path, sim: bool) -> bool:
+#: What the page and the warning say when matplotlib is missing.
+NO_MATPLOTLIB = "matplotlib is not installed; pip install 'aiocudasem[bench]' installs it"
+
+
+def plot(results: dict[str, Any], path: Path, sim: bool) -> str | None:
+    """Write the latency plot to ``path``. Returns ``None`` if it did, else why not."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except Exception:
-        return False
+    except ImportError:
+        return NO_MATPLOTLIB
+    except Exception as exc:  # a broken installation: the run's figures still count
+        return f"matplotlib failed to load ({type(exc).__name__}: {exc})"
     names = [n for n, e in results.items() if n != "trio" and e.get("runs")]
     data = [[x for r in results[n]["runs"] for x in r["latency_100us"]] for n in names]
     fig, ax = plt.subplots(figsize=(10, 0.5 * len(names) + 1.5))
@@ -319,4 +328,4 @@ def plot(results: dict[str, Any], path: Path, sim: bool) -> bool:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return True
+    return None
