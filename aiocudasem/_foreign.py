@@ -34,22 +34,35 @@ async def wait_event(
     event: object, *, device: int | None = None, driver: Driver | str | None = None
 ) -> None:
     """Wait until the work captured by ``event`` has completed, as ``event.query()`` would
-    report it, without blocking the event loop.
+    report it, without blocking the event loop and without polling.
 
     ``event`` is a PyTorch ``torch.cuda.Event``, a CuPy ``cupy.cuda.Event``, a cuda.core
     ``Event``, a ``CUevent`` of cuda-bindings, a raw ``CUevent`` handle (an int), or an
-    aiocudasem :class:`Event`. The wait covers the event's most recent record at the time of
-    the call; an event that was never recorded counts as complete, as CUDA's own query says.
+    aiocudasem :class:`Event` (awaited as itself)::
 
-    ``device`` is the ordinal of the device whose work the event captures. It is read from the
-    event where the library says (PyTorch, cuda.core); for a raw handle or a CuPy event it
-    defaults to 0. It decides which device's faults end the wait with
-    :class:`DeviceFaultError`; the wait itself works across devices. ``driver`` is as for
-    :func:`open_stream` (by default the real CUDA driver).
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream())
+        await aiocudasem.wait_event(ev)  # instead of polling ev.query()
 
-    The event must stay alive, and must not be recorded again, until the wait returns: the
-    wait holds a reference to ``event`` but not to a raw handle. Like every wait here it is a
-    checkpoint, and cancelling it abandons the observation only.
+    - The wait covers the event's most recent record at the time of the call. An event that
+      was never recorded is complete, as CUDA's query says (PyTorch creates its CUDA event on
+      the first record).
+    - ``device`` is the ordinal of the device whose work the event captures. It is read from
+      the event where the library says (PyTorch's ``device.index``, cuda.core's
+      ``device.device_id``); for a raw handle or a CuPy event it defaults to 0. It decides
+      which device's faults end the wait with :class:`DeviceFaultError`; the wait itself works
+      across devices. A ``device`` that contradicts the event's own is a ``ValueError``.
+    - ``driver`` is as for :func:`open_stream` (by default the real CUDA driver).
+    - Waiters of one event share one host function. Each foreign event gets a side stream of
+      its own, so waits on different events never hold each other up (side streams are
+      pooled, 1,024 at most, least recently used first).
+    - The event must stay alive, and must not be recorded again, until the wait returns. The
+      wait keeps the library's event object alive, but cannot keep a raw handle alive.
+    - A checkpoint; cancelling abandons the observation only.
+
+    Raises ``TypeError`` for a stream (use :func:`wait_stream`), another aiocudasem object, a
+    bool, a float or a string; ``ValueError`` for a null or out-of-range handle or a device
+    that does not exist; the driver's :class:`CudaError` for a handle it does not know.
     """
     if isinstance(event, Event):
         if device is not None or driver is not None:

@@ -88,6 +88,7 @@ class Owned:
 
     @property
     def closed(self) -> bool:
+        """True once the object is closed (by ``close()``, ``aclose()`` or ``detach()``)."""
         return not self._finalizer.alive
 
     def close(self) -> None:

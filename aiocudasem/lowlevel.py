@@ -86,6 +86,7 @@ class HostNotifier:
 
     @property
     def closed(self) -> bool:
+        """True once :meth:`close` has been called."""
         return self._c.closed
 
     def close(self) -> None:

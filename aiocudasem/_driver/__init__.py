@@ -32,11 +32,17 @@ _NAMES = ("cuda", "sim")
 class SemaphoreDesc:
     """What to import: the fields of ``CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC``."""
 
+    #: A ``HandleType`` value.
     handle_type: int
+    #: The fd, for the fd types.
     fd: int = -1
+    #: The Win32 ``HANDLE``, for the Win32 and D3D types.
     win32_handle: int = 0
-    win32_name: int = 0  # address of a NUL-terminated UTF-16 name, kept alive by the caller
+    #: The address of a NUL-terminated UTF-16 name, kept alive by the caller during the call.
+    win32_name: int = 0
+    #: The ``NvSciSyncObj`` address, for ``NVSCISYNC``.
     nvsci_obj: int = 0
+    #: The descriptor's CUDA flags.
     flags: int = 0
 
 
@@ -44,11 +50,17 @@ class SemaphoreDesc:
 class SemOp:
     """One entry of a wait or signal batch, on a driver semaphore handle."""
 
+    #: The driver's semaphore handle (``ExternalSemaphore.handle``).
     sem: int
-    value: int = 0  # fence value: timeline and D3D fences
-    key: int = 0  # keyed mutex key
-    timeout_ms: int = 0  # keyed mutex acquire timeout (waits only)
-    nvsci_fence: int = 0  # address of an NvSciSyncFence
+    #: The fence value: timelines and D3D fences.
+    value: int = 0
+    #: The keyed mutex's key.
+    key: int = 0
+    #: The keyed mutex's acquire timeout, waits only (``0xFFFFFFFF`` waits forever).
+    timeout_ms: int = 0
+    #: The address of an ``NvSciSyncFence``.
+    nvsci_fence: int = 0
+    #: The flags of the entry's CUDA parameters (``SKIP_NVSCIBUF_MEMSYNC``).
     flags: int = 0
 
 
@@ -62,25 +74,58 @@ class Driver(Protocol):
     Work to run on the streams (kernels, pinned memory) is not part of it: the demo, the tests
     and the benchmarks get theirs from ``aiocudasem.testing.workloads()``."""
 
+    #: The driver's name: ``"cuda"`` or ``"sim"`` (a ``SimDriver`` may be given another).
     name: str
+    #: True for a simulated device.
     simulated: bool
 
     # devices
-    def device_count(self) -> int: ...
-    def device_uuid(self, ordinal: int) -> bytes: ...
-    def device_name(self, ordinal: int) -> str: ...
+    def device_count(self) -> int:
+        """The number of devices."""
+        ...
+
+    def device_uuid(self, ordinal: int) -> bytes:
+        """The device's 16-byte UUID; it equals Vulkan's ``deviceUUID`` for the same GPU."""
+        ...
+
+    def device_name(self, ordinal: int) -> str:
+        """The device's name, for people."""
+        ...
+
     def check_health(self, ordinal: int) -> None:
         """Raise DeviceFaultError if the device's context hit a sticky error."""
         ...
 
     # streams
-    def stream_create(self, ordinal: int, non_blocking: bool, priority: int) -> int: ...
-    def stream_destroy(self, stream: int) -> None: ...
-    def stream_device(self, stream: int) -> int: ...
-    def stream_query(self, stream: int) -> bool: ...
-    def stream_synchronize(self, stream: int) -> None: ...
-    def stream_wait_event(self, stream: int, event: int) -> None: ...
-    def launch_host_func(self, stream: int, fn: int, user_data: int) -> None: ...
+    def stream_create(self, ordinal: int, non_blocking: bool, priority: int) -> int:
+        """Create a stream in the device's primary context and return its handle."""
+        ...
+
+    def stream_destroy(self, stream: int) -> None:
+        """Destroy a stream; the driver frees it once its enqueued work completes."""
+        ...
+
+    def stream_device(self, stream: int) -> int:
+        """The ordinal of the stream's device. The real driver raises DeviceMismatchError for a
+        stream outside that device's primary context."""
+        ...
+
+    def stream_query(self, stream: int) -> bool:
+        """True if all work enqueued on the stream has completed."""
+        ...
+
+    def stream_synchronize(self, stream: int) -> None:
+        """Block until all work enqueued on the stream has completed."""
+        ...
+
+    def stream_wait_event(self, stream: int, event: int) -> None:
+        """Make work enqueued later on the stream wait for the event, on the GPU."""
+        ...
+
+    def launch_host_func(self, stream: int, fn: int, user_data: int) -> None:
+        """Enqueue a host function: ``fn`` is the address of a C ``CUhostFn``, called with
+        ``user_data``."""
+        ...
 
     # events
     def event_create(self, ordinal: int, timing: bool = False, blocking: bool = False) -> int:
@@ -88,21 +133,45 @@ class Driver(Protocol):
         (``CU_EVENT_BLOCKING_SYNC``)."""
         ...
 
-    def event_destroy(self, event: int) -> None: ...
-    def event_record(self, event: int, stream: int) -> None: ...
-    def event_query(self, event: int) -> bool: ...
+    def event_destroy(self, event: int) -> None:
+        """Destroy an event."""
+        ...
+
+    def event_record(self, event: int, stream: int) -> None:
+        """Record the event on the stream: it captures the work enqueued so far."""
+        ...
+
+    def event_query(self, event: int) -> bool:
+        """True if the work the event captured has completed."""
+        ...
+
     def event_synchronize(self, event: int) -> None:
         """Block until the event's work is done. Raise DeviceFaultError if the device's context
         hits a sticky error first, on whichever of its streams."""
         ...
 
-    def event_elapsed_ms(self, start: int, end: int) -> float: ...
+    def event_elapsed_ms(self, start: int, end: int) -> float:
+        """Milliseconds between two completed events created with ``timing=True``."""
+        ...
 
     # external semaphores
-    def import_semaphore(self, ordinal: int, desc: SemaphoreDesc) -> int: ...
-    def destroy_semaphore(self, sem: int) -> None: ...
-    def enqueue_semaphore_waits(self, ops: Sequence[SemOp], stream: int) -> None: ...
-    def enqueue_semaphore_signals(self, ops: Sequence[SemOp], stream: int) -> None: ...
+    def import_semaphore(self, ordinal: int, desc: SemaphoreDesc) -> int:
+        """Import an external semaphore into the device and return its handle. On success
+        the driver owns ``desc.fd``."""
+        ...
+
+    def destroy_semaphore(self, sem: int) -> None:
+        """Destroy an imported semaphore. May block (see above)."""
+        ...
+
+    def enqueue_semaphore_waits(self, ops: Sequence[SemOp], stream: int) -> None:
+        """Enqueue the waits on the stream in one ``cuWaitExternalSemaphoresAsync`` call."""
+        ...
+
+    def enqueue_semaphore_signals(self, ops: Sequence[SemOp], stream: int) -> None:
+        """Enqueue the signals on the stream in one ``cuSignalExternalSemaphoresAsync``
+        call."""
+        ...
 
 
 _lock = threading.Lock()

@@ -45,13 +45,18 @@ class Workloads(Protocol):
     handles; every call enqueues and returns, like a kernel launch."""
 
     @property
-    def driver(self) -> Driver: ...
+    def driver(self) -> Driver:
+        """The driver the workloads belong to."""
+        ...
 
     def alloc_pinned(self, nbytes: int) -> int:
         """Page-locked host memory that kernels of every device can read and write."""
         ...
 
-    def free_pinned(self, ptr: int) -> None: ...
+    def free_pinned(self, ptr: int) -> None:
+        """Free memory from :meth:`alloc_pinned`. On the GPU this can wait for the device:
+        free only once the work that uses the memory is done."""
+        ...
 
     def launch_spin(self, stream: int, ns: int) -> None:
         """Enqueue a kernel that runs for ``ns`` nanoseconds of device time."""
