@@ -38,11 +38,9 @@ async def wait_event(
 
     ``event`` is a PyTorch ``torch.cuda.Event``, a CuPy ``cupy.cuda.Event``, a cuda.core
     ``Event``, a ``CUevent`` of cuda-bindings, a raw ``CUevent`` handle (an int), or an
-    aiocudasem :class:`Event` (awaited as itself)::
-
-        ev = torch.cuda.Event()
-        ev.record(torch.cuda.current_stream())
-        await aiocudasem.wait_event(ev)  # instead of polling ev.query()
+    aiocudasem :class:`Event` (awaited as itself). For example, instead of polling
+    ``ev.query()``, ``ev.record(torch.cuda.current_stream())`` then
+    ``await aiocudasem.wait_event(ev)``.
 
     - The wait covers the event's most recent record at the time of the call. An event that
       was never recorded is complete, as CUDA's query says (PyTorch creates its CUDA event on
