@@ -65,7 +65,10 @@ python -m venv .venv-wheel
 site=$(.venv-wheel/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
 # Children of the tests put the root first on PYTHONPATH; check that view too.
 imported=$(cd "$src" && PYTHONPATH=$src "$root/.venv-wheel/bin/python" -c \
-  'import aiocudasem; print(aiocudasem.__file__)')
+  'import aiocudasem; print(aiocudasem.__file__)') || {
+  echo "import aiocudasem failed in the test copy (above)"
+  exit 1
+}
 echo "aiocudasem imported from $imported"
 case "$imported" in
   "$site"/aiocudasem/*) ;;

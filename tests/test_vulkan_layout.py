@@ -172,6 +172,12 @@ def test_the_probe_reads_the_vendored_headers(header_facts: dict[str, list[str]]
     assert not outside, f"Vulkan headers read from outside {_VENDOR}: {outside}"
 
 
+def test_without_a_compiler_the_probe_skips_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(pytest.skip.Exception, match="no C compiler"):
+        _compiler()
+
+
 def test_struct_layouts_match_header(header_facts: dict[str, list[str]]) -> None:
     mismatches: list[str] = []
     for c_name, cls in _abi._STRUCTS:
