@@ -3,8 +3,9 @@
 A C program generated from that module's registries (_STRUCTS, _CONSTANTS, _FUNCTIONS) prints
 the size, alignment and field offsets of every structure, the value of every constant and the
 size of every command parameter; it also fails to compile if a command's declared C signature
-differs from the header's PFN_ type. Needs a C compiler and the Vulkan headers (Debian:
-libvulkan-dev); skips with the reason when either is missing.
+differs from the header's PFN_ type. The probe compiles against the pinned copy of the headers in
+tests/vendor (its README says which version), never the system's. Needs a C compiler; skips with
+the reason when there is none.
 """
 
 from __future__ import annotations
@@ -25,30 +26,20 @@ import aiocudasem.vulkan
 from aiocudasem.vulkan import _abi
 
 _HEADER = "vulkan/vulkan_core.h"
+_VENDOR = Path(__file__).resolve().parent / "vendor"
 
 
 def _compiler() -> str:
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if cc is None:
-        pytest.skip("no C compiler (cc) on PATH to build the layout probe")
+        pytest.skip("no C compiler (cc, gcc or clang) on PATH to build the layout probe")
     return cc
 
 
-def _require_header(cc: str, tmp: Path) -> None:
-    """Skip unless the compiler finds <vulkan/vulkan_core.h> on its standard include path."""
-    probe = tmp / "probe.c"
-    probe.write_text(f"#include <{_HEADER}>\nint main(void) {{ return 0; }}\n")
-    done = subprocess.run(
-        [cc, "-c", str(probe), "-o", str(tmp / "probe.o")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(
-            f"<{_HEADER}> not found by {cc} (install the Vulkan headers, libvulkan-dev on "
-            f"Debian): {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ''}"
-        )
+def _vendored_header() -> Path:
+    header = _VENDOR / _HEADER
+    assert header.is_file(), f"the vendored {_HEADER} is missing from {_VENDOR}"
+    return header
 
 
 def _struct_type_name(c_name: str) -> str:
@@ -103,10 +94,11 @@ def _program() -> str:
 
 @pytest.fixture(scope="module")
 def header_facts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
-    """Compile and run the generated probe; map each printed key to its values."""
+    """Compile and run the generated probe; map each printed key to its values. The key
+    "included" lists the headers the compiler read (from its -H output)."""
     cc = _compiler()
+    _vendored_header()
     tmp = tmp_path_factory.mktemp("vulkan_layout")
-    _require_header(cc, tmp)
     source = tmp / "layout.c"
     source.write_text(_program())
     binary = tmp / "layout"
@@ -116,6 +108,10 @@ def header_facts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str
             "-std=c11",
             "-Wall",
             "-Werror=incompatible-pointer-types",
+            # -I comes before the system include path, so a system copy of the headers, of
+            # whatever version, is never read.
+            f"-I{_VENDOR}",
+            "-H",
             str(source),
             "-o",
             str(binary),
@@ -124,15 +120,18 @@ def header_facts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str
         text=True,
         check=False,
     )
+    # -H prints each header it opens on stderr, one a line, after a dot for each level of nesting.
+    included = re.compile(r"^\.+ (.+)$", re.MULTILINE)
     assert built.returncode == 0, (
         f"the layout probe does not compile against <{_HEADER}>: a declared C type or "
-        f"command signature in aiocudasem.vulkan._abi is wrong\n{built.stderr}"
+        f"command signature in aiocudasem.vulkan._abi is wrong\n{included.sub('', built.stderr)}"
     )
     ran = subprocess.run([str(binary)], capture_output=True, text=True, check=True)
     facts: dict[str, list[str]] = {}
     for line in ran.stdout.splitlines():
         key, _, values = line.partition("\t")
         facts[key] = values.split(" ")
+    facts["included"] = [match[1] for match in included.finditer(built.stderr)]
     return facts
 
 
@@ -163,6 +162,20 @@ def test_every_structure_is_registered() -> None:
         f"not in _STRUCTS: {sorted(c.__name__ for c in defined - registered)}"
     )
     assert all(c_name == cls.__name__ for c_name, cls in _abi._STRUCTS)
+
+
+def test_the_probe_reads_the_vendored_headers(header_facts: dict[str, list[str]]) -> None:
+    included = [Path(path).resolve() for path in header_facts["included"]]
+    vulkan = [path for path in included if path.name.startswith(("vulkan", "vk_"))]
+    assert _vendored_header() in vulkan, vulkan
+    outside = [path for path in vulkan if not path.is_relative_to(_VENDOR)]
+    assert not outside, f"Vulkan headers read from outside {_VENDOR}: {outside}"
+
+
+def test_without_a_compiler_the_probe_skips_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(pytest.skip.Exception, match="no C compiler"):
+        _compiler()
 
 
 def test_struct_layouts_match_header(header_facts: dict[str, list[str]]) -> None:
