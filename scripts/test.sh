@@ -2,9 +2,11 @@
 # Quick start 2: the test command.
 #  1. In .venv (the package installed editable, with its test extra): lint (ruff check, ruff
 #     format --check) and types (mypy --strict) on the source tree.
-#  2. Build the sdist, and the wheel from it (python -m build); a setuptools deprecation banner
+#  2. Build the documentation site strictly (scripts/docs.sh, in its own .venv-docs): a broken
+#     link or an API reference entry that does not resolve fails.
+#  3. Build the sdist, and the wheel from it (python -m build); a setuptools deprecation banner
 #     fails the build step, and so does a tracked file missing from the sdist.
-#  3. Install the wheel with its test extra into a fresh .venv-wheel and run the CPU suite, on
+#  4. Install the wheel with its test extra into a fresh .venv-wheel and run the CPU suite, on
 #     asyncio, asyncio+uvloop and trio, once, against that installed package: pytest runs in a
 #     copy of the unpacked sdist whose aiocudasem/ keeps only data files, so `import aiocudasem`
 #     can only find the wheel (checked before the suite starts).
@@ -12,14 +14,15 @@
 # package is installed. The GPU suite is `bash scripts/device.sh` on a GPU machine.
 . "$(dirname "$0")/_env.sh"
 # -qq: setuptools prints an information-only notice on every editable install of this layout;
-# step 2 checks the same configuration for deprecation notices.
+# step 3 checks the same configuration for deprecation notices.
 python -m pip install -qq --disable-pip-version-check -e '.[test]'
 echo "== ruff"
 ruff check .
 ruff format --check .
 echo "== mypy --strict"
 mypy
-# Docs: the strict MkDocs build's one line goes here.
+echo "== docs (mkdocs build --strict)"
+bash scripts/docs.sh --quiet
 
 root=$PWD
 work=$(mktemp -d)
