@@ -148,4 +148,5 @@ class StallWatch:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread.ident is not None:  # started
+            self._thread.join()
