@@ -58,6 +58,8 @@ class AiocudasemError(Exception):
     ``name``, ``reason``), so it can cross a process boundary.
     """
 
+    #: The driver's status code (a ``CUresult`` or a ``VkResult``) where a driver reported the
+    #: failure, else ``None``.
     status: int | None
 
     def __init__(self, message: str, status: int | None = None) -> None:
@@ -78,17 +80,22 @@ class AiocudasemError(Exception):
 
 
 class CudaError(AiocudasemError):
-    """A CUDA driver call failed. ``status`` is the ``CUresult``; ``name`` its symbolic name."""
+    """A CUDA driver call failed. ``status`` is the ``CUresult``; ``name`` its symbolic name.
+    Errors of the simulated device carry the same codes, with ``[simulated]`` in the message."""
 
+    #: The ``CUresult``.
     status: int
 
     def __init__(self, message: str, status: int, name: str = "") -> None:
         super().__init__(message, status)
+        #: The symbolic name of ``status``, for example ``CUDA_ERROR_INVALID_HANDLE``.
         self.name = name
 
 
 class DeviceFaultError(CudaError):
-    """The device context hit a sticky error (a trapped kernel, an illegal address, ...).
+    """The device context hit a sticky error (a trapped kernel, an illegal address, a launch
+    failure, an uncorrectable ECC or NVLink error): ``status`` is one of 700, 702, 710,
+    714-719, 214 and 220.
 
     Raised to every coroutine awaiting work on the faulted device, and by every later call on it.
     The context cannot be recovered inside this process; GPU work that was enqueued is lost.
@@ -98,30 +105,43 @@ class DeviceFaultError(CudaError):
 class DriverUnavailableError(AiocudasemError):
     """The requested driver cannot run here: no CUDA driver library, no device, or a
     ``cuda-bindings`` without ``cuda.bindings._v2.driver``. The message says how to pick the
-    simulated device instead; ``reason`` is the cause alone."""
+    simulated device instead; ``reason`` is the cause alone.
+
+    Also raised in a child process created by ``os.fork()``: by every call on a driver object
+    inherited from the parent (a ``SimDriver`` included), and by ``get_driver("cuda")`` if the
+    parent had created the ``cuda`` driver. The message then names fork and suggests
+    multiprocessing's ``'spawn'`` or ``'forkserver'`` start method."""
 
     def __init__(self, message: str, status: int | None = None, *, reason: str = "") -> None:
         super().__init__(message, status)
+        #: The cause alone, without the advice of the message.
         self.reason = reason or message
 
 
 class DeviceMismatchError(AiocudasemError, ValueError):
     """Objects from two different devices (or drivers) were combined in one operation, for
-    example a semaphore imported on device 0 waited on by a stream of device 1."""
+    example a semaphore imported on device 0 waited on by a stream of device 1, an event of
+    another driver, a foreign stream outside its device's primary context, or a
+    ``then_signal`` semaphore of another Vulkan device. Two driver objects of the same name
+    (two ``SimDriver()``) are two machines; the message tells them apart."""
 
 
 class UnsupportedHandleTypeError(AiocudasemError):
     """The external semaphore handle type is part of the API but this platform or driver cannot
-    provide it (Win32 and D3D handles off Windows, NvSciSync off Tegra/DRIVE)."""
+    provide it (Win32 and D3D handles off Windows, NvSciSync off Tegra/DRIVE). ``status`` is
+    801 (``CUDA_ERROR_NOT_SUPPORTED``) where the driver refused the import, and ``None`` for a
+    Windows type off Windows, which is refused before the driver is called."""
 
 
 class VulkanError(AiocudasemError):
     """A Vulkan call failed. ``status`` is the ``VkResult``; ``name`` its symbolic name."""
 
+    #: The ``VkResult``.
     status: int
 
     def __init__(self, message: str, status: int, name: str = "") -> None:
         super().__init__(message, status)
+        #: The symbolic name of ``status``, for example ``VK_ERROR_DEVICE_LOST``.
         self.name = name
 
 

@@ -25,15 +25,25 @@ __all__ = ("HANDLE_TYPES", "HandleInfo", "HandleType", "info", "lookup")
 class HandleType(enum.IntEnum):
     """``CUexternalSemaphoreHandleType``. The values are the driver's."""
 
+    #: A binary semaphore passed as a POSIX fd (what a Vulkan binary semaphore exports).
     OPAQUE_FD = 1
+    #: A binary semaphore passed as a Win32 ``HANDLE``, or opened by name.
     OPAQUE_WIN32 = 2
+    #: A binary semaphore passed as a global (KMT) Win32 ``HANDLE``; no name.
     OPAQUE_WIN32_KMT = 3
+    #: A D3D12 fence (a timeline), passed as a Win32 ``HANDLE``, or opened by name.
     D3D12_FENCE = 4
+    #: A D3D11 fence (a timeline), passed as a Win32 ``HANDLE``, or opened by name.
     D3D11_FENCE = 5
+    #: An ``NvSciSyncObj``, passed by address (Tegra and DRIVE platforms).
     NVSCISYNC = 6
+    #: A D3D11 keyed mutex, passed as a Win32 ``HANDLE``, or opened by name.
     D3D11_KEYED_MUTEX = 7
+    #: A D3D11 keyed mutex passed as a global (KMT) Win32 ``HANDLE``; no name.
     D3D11_KEYED_MUTEX_KMT = 8
+    #: A timeline semaphore passed as a POSIX fd (what a Vulkan timeline semaphore exports).
     TIMELINE_SEMAPHORE_FD = 9
+    #: A timeline semaphore passed as a Win32 ``HANDLE``, or opened by name.
     TIMELINE_SEMAPHORE_WIN32 = 10
 
 
@@ -58,10 +68,13 @@ class HandleInfo:
 
     @property
     def available(self) -> bool:
+        """Whether the running platform has the type: ``import_semaphore`` refuses one that
+        it does not with :class:`UnsupportedHandleTypeError`, before calling the driver."""
         platform = self.platform
         return platform is None or sys.platform == platform
 
 
+#: One read-only row per :class:`HandleType` member: what that type means to the library.
 HANDLE_TYPES: Final[Mapping[HandleType, HandleInfo]] = MappingProxyType(
     {
         HandleType.OPAQUE_FD: HandleInfo("fd", "binary"),

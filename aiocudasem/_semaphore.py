@@ -114,6 +114,7 @@ class ExternalSemaphore(OnDevice):
 
     @property
     def handle_type(self) -> HandleType:
+        """The :class:`HandleType` it was imported as."""
         return self._type
 
     @property
@@ -306,13 +307,22 @@ class Wait:
     The entry is checked when it is made: ``TypeError`` for a field of the wrong type or a
     timeline wait without a value, ``ValueError`` for a field out of range or one that does not
     apply to the semaphore's type, and ``anyio.ClosedResourceError`` for a closed semaphore.
+    A number is an ``int`` (a ``bool`` is refused).
     """
 
+    #: The semaphore to wait on. The entry keeps it alive.
     semaphore: ExternalSemaphore
+    #: The value to wait for, in [0, 2**64): required for timelines and fences, ``None`` for
+    #: the other types.
     value: int | None = None
+    #: The key to acquire a keyed mutex with, in [0, 2**64); 0 for the other types.
     key: int = 0
+    #: How long a keyed mutex's acquire may wait, in milliseconds, in [0, 0xFFFFFFFF); ``None``
+    #: waits forever. Keyed mutexes only.
     timeout_ms: int | None = None
+    #: The address of an ``NvSciSyncFence``; NvSciSync only, 0 for the other types.
     nvsci_fence: int = 0
+    #: Sets ``CUDA_EXTERNAL_SEMAPHORE_WAIT_SKIP_NVSCIBUF_MEMSYNC``; NvSciSync only.
     skip_nvscibuf_memsync: bool = False
 
     def __post_init__(self) -> None:
@@ -340,13 +350,22 @@ class Signal:
 
     Timeline/fence semaphores are set to ``value``, which is required: ``Signal(sem, n)``.
     Binary ones are signalled and take no value: ``Signal(sem)``. Keyed mutexes are released
-    with ``key``; NvSciSync takes ``nvsci_fence``. Checked when made, as :class:`Wait` is.
+    with ``key``; NvSciSync takes ``nvsci_fence``. Checked when made, as :class:`Wait` is:
+    ``TypeError`` for a field of the wrong type or a timeline signal without a value,
+    ``ValueError`` for a field out of range or one that does not apply to the semaphore's
+    type, and ``anyio.ClosedResourceError`` for a closed semaphore.
     """
 
+    #: The semaphore to signal. The entry keeps it alive.
     semaphore: ExternalSemaphore
+    #: The value to set, in [0, 2**64): required for timelines and fences, ``None`` for the
+    #: other types.
     value: int | None = None
+    #: The key to release a keyed mutex with, in [0, 2**64); 0 for the other types.
     key: int = 0
+    #: The address of an ``NvSciSyncFence``; NvSciSync only, 0 for the other types.
     nvsci_fence: int = 0
+    #: Sets ``CUDA_EXTERNAL_SEMAPHORE_SIGNAL_SKIP_NVSCIBUF_MEMSYNC``; NvSciSync only.
     skip_nvscibuf_memsync: bool = False
 
     def __post_init__(self) -> None:

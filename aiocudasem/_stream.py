@@ -95,12 +95,13 @@ class Stream(OnDevice):
         PyTorch, Numba, or our own Stream) or a raw ``CUstream`` handle as an int.
 
         The result never destroys the stream; ``aclose()`` only forgets it. Our own Stream is
-        returned as it is. Raises ``TypeError`` for anything else; ``ValueError`` for a
-        handle outside [0, 2**64), a ``__cuda_stream__`` of a protocol version other than 0,
-        or one that raised (chained as the cause); ``anyio.ClosedResourceError`` for a closed
-        Stream; :class:`CudaError` if the driver rejects the handle; and
-        :class:`DeviceMismatchError` for a stream outside a primary context or a Stream of
-        another driver than ``driver``.
+        returned as it is. Raises ``TypeError`` for anything else (a ``bool`` included, or a
+        ``__cuda_stream__`` that does not give a pair of ints); ``ValueError`` for a handle
+        outside [0, 2**64) (a negative one included), given or from ``__cuda_stream__``, for a
+        ``__cuda_stream__`` of a protocol version other than 0, or for one that raised
+        (chained as the cause); ``anyio.ClosedResourceError`` for a closed Stream;
+        :class:`CudaError` if the driver rejects the handle; and :class:`DeviceMismatchError`
+        for a stream outside a primary context or a Stream of another driver than ``driver``.
         """
         if isinstance(stream, Stream):
             stream.handle  # noqa: B018 - raises ClosedResourceError once closed
@@ -129,6 +130,8 @@ class Stream(OnDevice):
 
     @property
     def owned(self) -> bool:
+        """True for a stream of :func:`open_stream`, which the library destroys; False for a
+        borrowed one (:meth:`adopt`)."""
         return self._owned
 
     # -------------------------------------------------------------- enqueue (sync)
@@ -201,8 +204,12 @@ class Stream(OnDevice):
         ``waits`` and ``signals`` are each one entry or a list or tuple of them. Entering
         enqueues the waits; the body enqueues GPU work; a normal exit enqueues the signals and
         waits until the stream has passed them. A section is entered once: make a new one for
-        each. Raises as :meth:`enqueue_wait` does; see :class:`HandOff` for errors and
-        cancellation.
+        each.
+
+        The entries are checked now, and nothing is enqueued until the section is entered:
+        raises as :meth:`enqueue_wait` does (``anyio.ClosedResourceError`` for a closed
+        stream; a semaphore closed after its entry was made is found when the section
+        enqueues). See :class:`HandOff` for errors and cancellation.
         """
         return HandOff(self, waits, signals)
 
@@ -237,9 +244,11 @@ class Stream(OnDevice):
     # -------------------------------------------------------------- lifetime
 
     def close(self) -> None:
-        """Release the stream now, without waiting. Idempotent. An owned stream is destroyed:
-        the driver frees it once its enqueued work completes, which still runs. A borrowed
-        stream is only forgotten."""
+        """Release the stream now, without waiting. Idempotent; not a checkpoint. An owned
+        stream is destroyed, with the library's side stream that serves it: the driver frees
+        it once its enqueued work completes, which still runs. A driver failure raises
+        :class:`CudaError`, and the stream is closed all the same; after a device fault it
+        succeeds quietly. A borrowed stream is only forgotten."""
         super().close()
 
     def detach(self) -> int:
@@ -350,13 +359,17 @@ class Event(Owned):
 
     async def wait(self) -> None:
         """Wait until the captured work has completed. A checkpoint; cancelling abandons the
-        wait only. Raises :class:`DeviceFaultError` if the device faults meanwhile."""
+        wait only. Raises :class:`DeviceFaultError` if the device faults meanwhile,
+        ``anyio.ClosedResourceError`` for a closed event, and ``anyio.BusyResourceError``
+        while another event loop, still running, waits for the event or holds its armed
+        notification: await an event from one event loop at a time."""
         self.handle  # noqa: B018 - raises ClosedResourceError once closed
         await current_notifier().wait(self._point)
 
     def close(self) -> None:
-        """Destroy the event. Idempotent. Raises ``BusyResourceError`` while a coroutine
-        waits on it: close it once those waits are over."""
+        """Destroy the event. Idempotent. Raises ``anyio.BusyResourceError`` while a coroutine
+        waits on it: close it once those waits are over. A driver failure becomes a
+        ``RuntimeWarning``; after a device fault it succeeds quietly."""
         if self._point.waiting and not self._point.done:
             raise anyio.BusyResourceError("waiting on")
         super().close()
@@ -385,6 +398,10 @@ class HandOff:
       the observation is abandoned.
     - A section is entered once: entering it again raises ``anyio.ClosedResourceError`` (it
       would enqueue its waits and signals a second time). Make one per section.
+
+    Entering and exiting raise what :meth:`Stream.enqueue_wait`, :meth:`Stream.enqueue_signal`
+    and :meth:`Stream.wait_complete` raise. When the body raised, a failure to enqueue the
+    signals is suppressed in favour of the body's exception.
     """
 
     __slots__ = ("_entered", "_signals", "_stream", "_waits")
@@ -436,8 +453,11 @@ def open_stream(
 
     Creation is synchronous and non-blocking. ``priority`` follows CUDA (lower is higher
     priority; out-of-range values are clamped by the driver); ``non_blocking`` streams do not
-    synchronise with the legacy default stream. Raises ``ValueError`` for a device that does
-    not exist and :class:`DriverUnavailableError` if the driver cannot run.
+    synchronise with the legacy default stream. Raises ``TypeError`` for a ``device`` or
+    ``priority`` that is not an ``int`` (a ``bool`` included) or a ``non_blocking`` that is not
+    a ``bool``, ``ValueError`` for a device that does not exist,
+    :class:`DriverUnavailableError` if the driver cannot run, and :class:`CudaError` (or
+    :class:`DeviceFaultError` after a device fault) if the driver fails to create the stream.
     """
     if not isinstance(device, int) or isinstance(device, bool):
         raise TypeError(f"device must be an int ordinal, not {type(device).__name__}")
@@ -468,8 +488,12 @@ async def wait_external_semaphores(waits: Wait | Sequence[Wait], stream: object)
     in one driver call, then wait until the stream has passed them (and everything enqueued
     before them). ``waits`` is one :class:`Wait` or a list or tuple of them. ``stream`` is a
     :class:`Stream` or anything :meth:`Stream.adopt` takes; a foreign stream uses the driver
-    of the first semaphore. Raises as :meth:`Stream.enqueue_wait` and
-    :meth:`Stream.wait_complete` do."""
+    of the first semaphore.
+
+    A checkpoint. If cancelled, the waits stay enqueued: the stream does not go past them
+    until they are satisfied. Raises ``ValueError`` for no entries, and what
+    :meth:`Stream.adopt`, :meth:`Stream.enqueue_wait` and :meth:`Stream.wait_complete`
+    raise."""
     entries = entry_list("wait_external_semaphores() waits", (waits,), Wait)
     if not isinstance(stream, Stream):
         stream = Stream.adopt(stream, driver=entries[0].semaphore.driver)

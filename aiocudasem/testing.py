@@ -49,7 +49,13 @@ def import_sim_semaphore(
 ) -> tuple[ExternalSemaphore, SimProducer]:
     """Create a simulated external semaphore and import it into ``device``: returns the CUDA
     side and the producer's side. ``driver`` is a :class:`SimDriver` or ``"sim"``, the
-    process-wide one of ``get_driver("sim")``. Raises ``TypeError`` for another driver."""
+    process-wide one of ``get_driver("sim")``.
+
+    ``timeline=True`` makes a timeline semaphore starting at ``initial``, imported as
+    ``TIMELINE_SEMAPHORE_FD``; ``timeline=False`` a binary one imported as ``OPAQUE_FD``,
+    whose ``initial`` is 0 (unsignalled) or 1 (signalled). Raises ``TypeError`` for another
+    driver, and what :meth:`SimDriver.create_semaphore` and :func:`import_semaphore`
+    raise."""
     if driver == "sim":
         driver = get_driver("sim")
     if not isinstance(driver, SimDriver):
@@ -72,7 +78,8 @@ def import_sim_semaphore(
 
 def hold(stream: Stream) -> threading.Event:
     """Enqueue a simulated kernel that runs until the returned ``threading.Event`` is set.
-    Lets a test decide exactly when a stream's work completes."""
+    Lets a test decide exactly when a stream's work completes; work enqueued after it waits
+    too. Raises ``TypeError`` for a stream of another driver than a :class:`SimDriver`."""
     driver = stream.driver
     if not isinstance(driver, SimDriver):
         raise TypeError("hold() needs a stream of the simulated device")

@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 
 __all__ = ("DRIVER_ENV", "Driver", "SemaphoreDesc", "SemOp", "get_driver")
 
-#: Environment variable that picks the default driver: ``cuda`` (default) or ``sim``.
+#: Environment variable that picks the default driver: ``cuda`` (default) or ``sim``. Read by
+#: every ``get_driver(None)`` call, that is by every call given ``driver=None``; surrounding
+#: whitespace is ignored and an empty value means ``cuda``.
 DRIVER_ENV = "AIOCUDASEM_DRIVER"
 _NAMES = ("cuda", "sim")
 
@@ -217,12 +219,16 @@ def get_driver(name: Literal["sim"]) -> SimDriver: ...
 @overload
 def get_driver(name: str | None = None) -> Driver: ...
 def get_driver(name: str | None = None) -> Driver:
-    """Return the process-wide driver called ``name`` (``"cuda"`` or ``"sim"``).
+    """Return the process-wide driver called ``name`` (``"cuda"`` or ``"sim"``), created on
+    first use; later calls return the same object. Thread-safe.
 
     ``None`` reads ``$AIOCUDASEM_DRIVER`` and falls back to ``"cuda"``: the simulated device is
     never picked silently. Raises :class:`DriverUnavailableError` if the CUDA driver cannot run
-    here, with a message naming the ``sim`` option, and ``ValueError`` for an unknown name,
-    whether passed or read from ``$AIOCUDASEM_DRIVER`` (the message says which).
+    here, with a message naming the ``sim`` option (a failed attempt is not remembered), or,
+    for ``"cuda"``, in a child forked from a parent that had created it; ``ValueError`` for an
+    unknown name, whether passed or read from ``$AIOCUDASEM_DRIVER`` (the message names the
+    variable and its value); and ``TypeError`` for a name that is not a ``str``. In a forked
+    child, ``get_driver("sim")`` returns a new simulated device, not the parent's.
     """
     if name is None:
         raw = os.environ.get(DRIVER_ENV, "")

@@ -141,6 +141,7 @@ class SimProducer:
 
     @property
     def is_timeline(self) -> bool:
+        """True for a timeline semaphore, False for a binary one."""
         return not self._sem.binary
 
     @property
@@ -174,7 +175,9 @@ class SimProducer:
 
     def block_until(self, value: int | None = None, timeout: float | None = None) -> bool:
         """Block until a timeline reaches ``value`` (or a binary one is signalled, consuming
-        the signal). Returns False after ``timeout`` seconds."""
+        the signal). Returns False after ``timeout`` seconds. Raises ``TypeError`` and
+        ``ValueError`` for a ``value`` as :meth:`signal` does, and for a ``timeout`` that is not
+        a number of seconds (or is NaN)."""
         sem = self._sem
         if sem.binary:
             if value is not None:
@@ -211,7 +214,11 @@ class SimProducer:
 class SimDriver:
     """A simulated CUDA device. ``devices`` is the number of simulated GPUs (an int >= 1);
     ``name`` is the driver's name in messages. Raises ``TypeError`` for a value of the wrong
-    type and ``ValueError`` for ``devices`` < 1."""
+    type and ``ValueError`` for ``devices`` < 1.
+
+    Prefer a fresh one per test to the process-wide ``get_driver("sim")``: an injected fault
+    is sticky for the life of the driver, so a shared one faulted by one test fails the
+    next."""
 
     simulated = True
 
@@ -285,7 +292,8 @@ class SimDriver:
     def launch(self, stream: int, fn: Callable[[], None]) -> None:
         """Enqueue a Python callable as a simulated kernel. It runs on the stream's worker
         thread; an exception in it faults the context with CUDA_ERROR_LAUNCH_FAILED.
-        ``stream`` is a raw handle: ``sim.launch(stream.handle, fn)``."""
+        ``stream`` is a raw handle: ``sim.launch(stream.handle, fn)``. Raises ``TypeError`` for
+        a ``stream`` that is not an int or an ``fn`` that is not callable."""
         if isinstance(stream, bool) or not isinstance(stream, int):
             raise TypeError(
                 f"launch() takes a stream handle (an int), not {type(stream).__name__}: "
