@@ -79,7 +79,9 @@ def import_sim_semaphore(
 def hold(stream: Stream) -> threading.Event:
     """Enqueue a simulated kernel that runs until the returned ``threading.Event`` is set.
     Lets a test decide exactly when a stream's work completes; work enqueued after it waits
-    too. Raises ``TypeError`` for a stream of another driver than a :class:`SimDriver`."""
+    too. Raises ``TypeError`` for anything but a stream of a :class:`SimDriver`."""
+    if not isinstance(stream, Stream):
+        raise TypeError(f"hold() needs an aiocudasem.Stream, not {type(stream).__name__}")
     driver = stream.driver
     if not isinstance(driver, SimDriver):
         raise TypeError("hold() needs a stream of the simulated device")

@@ -1113,3 +1113,11 @@ def test_an_unknown_handle_type_is_refused_as_the_driver_would() -> None:
         assert err.value.status == 801  # CUDA_ERROR_NOT_SUPPORTED
     finally:
         os.close(fd)
+
+
+def test_hold_refuses_anything_but_a_stream_of_the_simulated_device() -> None:
+    from aiocudasem.testing import hold
+
+    for bad in (7, None, "stream"):
+        with pytest.raises(TypeError, match=r"needs an aiocudasem\.Stream"):
+            hold(bad)  # type: ignore[arg-type]
