@@ -16,6 +16,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable
 
+from . import _log
 from ._errors import AiocudasemError, DeviceFaultError, DriverUnavailableError
 
 __all__ = ("defer", "flush", "pending", "release", "release_quietly")
@@ -31,12 +32,12 @@ def release(destroy: Callable[[], None], what: str, collected: bool) -> None:
         _run(destroy, what, collected=False)
         return
     _deferred.append((destroy, what))
-    warnings.warn(
+    message = (
         f"{what} was collected without close() or aclose(); it is released at the library's "
-        "next use",
-        ResourceWarning,
-        stacklevel=2,
+        "next use"
     )
+    _log.leaked(message)
+    warnings.warn(message, ResourceWarning, stacklevel=2)
 
 
 def defer(destroy: Callable[[], None], what: str) -> None:
@@ -81,6 +82,7 @@ def _run(destroy: Callable[[], None], what: str, *, collected: bool) -> None:
     except AiocudasemError as exc:
         if not collected:
             raise
+        _log.logger.warning("destroying %s failed: %s", what, exc)
         warnings.warn(f"destroying {what} failed: {exc}", RuntimeWarning, stacklevel=3)
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Final, overload
 import anyio
 import anyio.lowlevel
 
-from . import _release
+from . import _log, _release
 from ._driver import Driver
 from ._errors import AiocudasemError, DeviceFaultError, DeviceMismatchError
 from ._lifetime import OnDevice, Owned
@@ -381,6 +381,7 @@ def _destroy_event(driver: Driver, handle: int) -> None:
     except DeviceFaultError:
         pass  # the faulted context took the event with it
     except AiocudasemError as exc:
+        _log.logger.warning("destroying an event failed: %s", exc)
         warnings.warn(f"destroying an event failed: {exc}", RuntimeWarning, stacklevel=1)
 
 

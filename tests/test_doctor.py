@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import aiocudasem as acs
 from aiocudasem import VulkanUnavailableError
 from aiocudasem.cli import doctor
 from aiocudasem.cli.doctor import LAZY_LOADING_HINT
@@ -146,3 +147,47 @@ def test_an_invalid_driver_variable_is_a_problem(
     assert f"default: PROBLEM: {problem}\n" in out
     assert err == f"aiocudasem doctor: problem: {problem}\n"
     assert "device 0: Fake GPU" in out  # the rest of the report is still there
+
+
+def test_the_self_check_waits_through_the_notifier_and_prints_statistics_and_logging(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = _doctor_output(monkeypatch, capsys, _FakeCuda("eager"))
+    lines = {
+        line.split(":", 1)[0].strip(): line.split(":", 1)[1].strip()
+        for line in out.splitlines()
+        if ":" in line
+    }
+    # A stand-in CUDA driver is no Driver: the check runs on a simulated machine of its own.
+    assert lines["self-check"].startswith("a wait on the sim driver went through the notifier")
+    assert "completed 1, faulted 0" in lines["statistics"]
+    assert "faults seen" in lines["statistics"] and "leaked" in lines["statistics"]
+    assert lines["logging"].startswith("logger 'aiocudasem', level")
+
+
+def test_log_records_during_the_self_check_are_printed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aiocudasem import _log
+
+    real_open_stream = doctor.open_stream
+
+    def leaky_open_stream(**kwargs: object) -> object:
+        _log.leaked("aiocudasem.Stream 0x1 on device 0 was collected without close()")
+        return real_open_stream(**kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(doctor, "open_stream", leaky_open_stream)
+    out = _doctor_output(monkeypatch, capsys, _FakeCuda("eager"))
+    assert "log: WARNING: aiocudasem.Stream 0x1 on device 0 was collected" in " ".join(out.split())
+
+
+def test_a_failing_self_check_is_a_problem(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(**kwargs: object) -> object:
+        raise acs.CudaError("cuStreamCreate failed", 2, "CUDA_ERROR_OUT_OF_MEMORY")
+
+    monkeypatch.setattr(doctor, "open_stream", broken)
+    out, err = _doctor(monkeypatch, capsys, _FakeCuda("eager"), status=1)
+    assert "self-check: PROBLEM: a wait on the sim driver failed" in out
+    assert "aiocudasem doctor: problem: a wait on the sim driver failed" in err

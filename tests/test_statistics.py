@@ -28,6 +28,8 @@ _PER_LOOP = (
     "spinning",
     "watched",
     "drainer_wakeups",
+    "completed",
+    "faulted",
 )
 
 
@@ -46,6 +48,8 @@ def test_statistics_is_frozen_and_slotted() -> None:
         "side_streams",
         "pooled_events",
         "watchdog_threads",
+        "faults_seen",
+        "leaked",
     }
     assert Statistics() == Statistics(**dict.fromkeys(_PER_LOOP, 0))
 
@@ -136,3 +140,38 @@ def test_a_forked_child_starts_with_empty_pools_and_no_watchdog_threads(parked: 
             os._exit(code)
     assert wait_for_child(pid, 30) == 0
     anyio.run(s.aclose)
+
+
+@pytest.mark.anyio
+async def test_completions_and_faults_are_counted(sim: SimDriver, fault_watchdog: float) -> None:
+    before = statistics()
+    async with acs.open_stream(driver=sim) as s:
+        await s.wait_complete()  # idle: nothing recorded, nothing to count
+        gate = hold(s)
+        ev = s.record()
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):  # three waiters of one point: one completion
+                tg.start_soon(ev.wait)
+            await anyio.wait_all_tasks_blocked()
+            gate.set()
+        await s.record().wait()  # complete at the first query: one more
+    after = statistics()
+    assert after.completed - before.completed == 2
+    assert after.faulted == before.faulted
+    doomed = acs.open_stream(1, driver=sim)
+    hold(doomed)
+    async with anyio.create_task_group() as tg:
+
+        async def victim() -> None:
+            with pytest.raises(acs.DeviceFaultError):
+                await doomed.wait_complete()
+
+        for _ in range(2):  # two waits, two points
+            tg.start_soon(victim)
+        await anyio.wait_all_tasks_blocked()
+        sim.inject_fault(1)
+    faulted = statistics()
+    assert faulted.faulted - after.faulted == 2
+    assert faulted.faults_seen == after.faults_seen + 1
+    with pytest.raises(acs.DeviceFaultError):
+        await doomed.aclose()

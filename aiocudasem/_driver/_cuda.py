@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
 
 import numpy as np
 
-from .. import _cucalls
+from .. import _cucalls, _log
 from .._errors import STICKY_STATUSES, CudaError, DeviceFaultError, DeviceMismatchError
 from .._handles import lookup
 from . import forked_error, track, unavailable
@@ -170,12 +170,18 @@ class CudaDriver:
     def _run_hook(self, hook: Callable[[int], object], ordinal: int) -> None:
         """``hook(ordinal)`` with the device's context current. Best effort: a user's wait
         must not fail because a hook could not load its kernels; the kernels' own first launch
-        reports that."""
+        reports that, and the failure is logged."""
         try:
             self._use(ordinal)
             hook(ordinal)
-        except Exception:
-            pass
+        except Exception as exc:
+            _log.logger.warning(
+                "loading kernels ahead of device %d's first semaphore wait failed: %s; their "
+                "first launch will load them, which can deadlock behind a pending wait under "
+                "lazy loading (see docs/lazy-loading.md)",
+                ordinal,
+                exc,
+            )
 
     def _first_wait(self, stream: int) -> None:
         """Run the first-wait hooks for ``stream``'s device, once per device. A wait in
@@ -196,6 +202,12 @@ class CudaDriver:
             done.wait()  # at once, unless another thread is running this device's hooks
             return
         try:
+            try:
+                lazy = self.module_loading_mode() == "lazy"
+            except Exception:  # advice only: never the reason a wait fails
+                lazy = False
+            if lazy:
+                _log.lazy_loading()
             for hook in hooks:
                 self._run_hook(hook, ordinal)
         finally:

@@ -27,8 +27,8 @@ try:  # trio needs it; asyncio alone does not (anyio then assumes asyncio, as he
 except ImportError:  # pragma: no cover - the test environment has trio, hence sniffio
     sniffio = None  # type: ignore[assignment]
 
-from .. import _notify, _release
-from .._errors import AiocudasemError
+from .. import _log, _notify, _release
+from .._errors import AiocudasemError, DeviceFaultError
 from . import _tuning
 from ._points import Point
 from ._pools import give_back
@@ -75,6 +75,8 @@ class Notifier:
         self._watched: dict[tuple[Driver, int], int] = {}  # devices of parked points -> count
         self._check = False  # set by the watchdog thread: a device parked on has faulted
         self._wakeups = 0  # times a drainer woke from the fd
+        self._completed = 0  # waits of this loop that found their work complete
+        self._faulted = 0  # points of this loop failed by a device fault
         self._lifetime: AsyncGenerator[None, None] | None = None
         self.closed = False
         self._ref = weakref.ref(self)
@@ -170,6 +172,7 @@ class Notifier:
             give_back(driver, pool, event)
             raise
         if ready:
+            self._completed += 1
             self._learn(driver, stream, clock() - started)
             give_back(driver, pool, event)
             return
@@ -243,6 +246,12 @@ class Notifier:
             point._release_event()
 
     def _finish(self, point: Point, error: AiocudasemError | None) -> None:
+        if not point.done:
+            if error is None:
+                self._completed += 1
+            elif isinstance(error, DeviceFaultError):
+                self._faulted += 1
+                _log.device_fault(point.driver, point.device, error)
         point._finish(error)
         if point is self._drain_point and self._drain_scope is not None:
             # The drainer sleeps on the fd, not on its sleeper: wake it so that it can leave.

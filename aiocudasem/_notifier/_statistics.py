@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import _log
 from ._loop import _live_notifiers, running_notifier
 from ._pools import event_pool, side_streams
 from ._watchdog import _watchdog
@@ -16,9 +17,10 @@ __all__ = ("Statistics", "statistics")
 class Statistics:
     """The notifier's counters at one moment, from :func:`statistics`.
 
-    The first nine describe the notifier of the event loop that :func:`statistics` was called
-    in; they are all zero outside a running loop and in a loop that has no open notifier (none
-    of its waits has needed one yet, or it is shutting down). The last four are process-wide.
+    The first eleven describe the notifier of the event loop that :func:`statistics` was
+    called in; they are all zero outside a running loop and in a loop that has no open notifier
+    (none of its waits has needed one yet, or it is shutting down). The last six are
+    process-wide.
     """
 
     #: Host functions armed in this loop that have not returned yet, abandoned waits included
@@ -41,6 +43,11 @@ class Statistics:
     watched: int = 0
     #: Times this loop's drainer woke from its fd.
     drainer_wakeups: int = 0
+    #: Waits of this loop that saw their work complete (a point awaited by several coroutines
+    #: counts once).
+    completed: int = 0
+    #: Points of this loop that a device fault ended with :class:`DeviceFaultError`.
+    faulted: int = 0
     #: Open notifiers in the process: one per event loop that has waited and not ended.
     notifiers: int = 0
     #: Side streams in the process, across drivers.
@@ -49,6 +56,11 @@ class Statistics:
     pooled_events: int = 0
     #: Running watchdog threads (one per device that coroutines are or were lately parked on).
     watchdog_threads: int = 0
+    #: Devices (per driver) seen in a sticky error in this process; each is logged once.
+    faults_seen: int = 0
+    #: Streams and semaphores collected without ``close()`` or ``aclose()`` in this process;
+    #: each is logged, and released at the library's next use.
+    leaked: int = 0
 
 
 def statistics() -> Statistics:
@@ -59,6 +71,8 @@ def statistics() -> Statistics:
         "side_streams": side_streams.total(),
         "pooled_events": event_pool.total(),
         "watchdog_threads": _watchdog.threads(),
+        "faults_seen": _log.faults_seen(),
+        "leaked": _log.leaks(),
     }
     n = running_notifier()
     if n is None:
@@ -74,5 +88,7 @@ def statistics() -> Statistics:
         spinning=n._spinners,
         watched=len(n._watched),
         drainer_wakeups=n._wakeups,
+        completed=n._completed,
+        faulted=n._faulted,
         **process,
     )

@@ -10,8 +10,8 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Final
 
-from .. import _release
-from .._errors import AiocudasemError
+from .. import _log, _release
+from .._errors import AiocudasemError, DeviceFaultError
 from . import _tuning
 from ._pools import side_streams
 
@@ -179,7 +179,9 @@ class _Watchdog:
         """A driver call failed: if the device reports a sticky error, wake its parked loops."""
         try:
             drv.check_health(sentry.device)
-        except AiocudasemError:
+        except AiocudasemError as exc:
+            if isinstance(exc, DeviceFaultError):
+                _log.device_fault(drv, sentry.device, exc)
             with self._lock:
                 notifiers = list(sentry.notifiers)
             for n in notifiers:

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import os
 import sys
+import time
 
-from .. import AiocudasemError, DriverUnavailableError
-from ..lowlevel import DRIVER_ENV, HOST_FUNCTION, get_driver
+import anyio
+
+from .. import AiocudasemError, DriverUnavailableError, open_stream
+from .._driver._sim import SimDriver
+from .._log import logger
+from ..lowlevel import DRIVER_ENV, HOST_FUNCTION, Driver, Statistics, get_driver, statistics
 from ._common import DRIVERS, bad_env_message
 
 #: What ``doctor`` advises under lazy module loading, CUDA's default.
@@ -56,6 +62,9 @@ def main() -> int:
     except AiocudasemError as exc:
         print(f"{'vulkan':>14}: unavailable: {exc}")
     problem = _print_default()
+    # The real GPU when there is one, else a simulated machine of the check's own.
+    check = _self_check(drv if isinstance(drv, Driver) else SimDriver())
+    problem = problem or check
     if problem is None:
         return 0
     print(f"aiocudasem doctor: problem: {problem}", file=sys.stderr)
@@ -93,3 +102,65 @@ def _print_loading_mode(drv: object) -> None:
     print(f"{'module loading':>14}: {mode} ({source})")
     if mode == "lazy":
         print(f"{'':>14}  {LAZY_LOADING_HINT}")
+
+
+class _Collect(logging.Handler):
+    """Keeps the library's log records of the self-check, to print them in the report."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname}: {record.getMessage()}")
+
+
+def _self_check(drv: Driver) -> str | None:
+    """Wait for one point of a new stream through the notifier, on ``drv`` (the real GPU when
+    there is one, else the simulated device), and print the statistics seen from inside the
+    loop and the library's log records meanwhile. Returns the problem, if the wait failed."""
+
+    async def one_wait() -> tuple[float, Statistics]:
+        async with open_stream(driver=drv) as stream:
+            event = stream.record()
+            t0 = time.perf_counter()
+            with anyio.fail_after(10):
+                await event.wait()
+            took = time.perf_counter() - t0
+            event.close()
+            return took, statistics()
+
+    collect = _Collect()
+    logger.addHandler(collect)
+    try:
+        took, stats = anyio.run(one_wait)
+    except Exception as exc:
+        problem = f"a wait on the {drv.name} driver failed: {exc!r}"
+        print(f"{'self-check':>14}: PROBLEM: {problem}")
+        return problem
+    finally:
+        logger.removeHandler(collect)
+    print(
+        f"{'self-check':>14}: a wait on the {drv.name} driver went through the notifier in "
+        f"{took * 1e6:.0f} us"
+    )
+    print(
+        f"{'statistics':>14}: in that loop: completed {stats.completed}, faulted "
+        f"{stats.faulted}, parked {stats.parked}, spinning {stats.spinning}, pending "
+        f"{stats.pending}; in this process: notifiers {stats.notifiers}, side streams "
+        f"{stats.side_streams}, pooled events {stats.pooled_events}, watchdog threads "
+        f"{stats.watchdog_threads}, faults seen {stats.faults_seen}, leaked {stats.leaked}"
+    )
+    for line in collect.lines:
+        print(f"{'log':>14}: {line}")
+    configured = [h for h in logger.handlers if not isinstance(h, logging.NullHandler)]
+    root = logging.getLogger().handlers
+    where = (
+        "handled by the application"
+        if configured or root
+        else "no handler configured: records are dropped until logging is configured, "
+        "for example with logging.basicConfig()"
+    )
+    level = logging.getLevelName(logger.getEffectiveLevel())
+    print(f"{'logging':>14}: logger 'aiocudasem', level {level}; {where}")
+    return None
