@@ -11,9 +11,8 @@ import time
 import anyio
 
 from .. import AiocudasemError, DriverUnavailableError, open_stream
-from .._driver._sim import SimDriver
-from .._log import logger
 from ..lowlevel import DRIVER_ENV, HOST_FUNCTION, Driver, Statistics, get_driver, statistics
+from ..testing import SimDriver
 from ._common import DRIVERS, bad_env_message
 
 #: What ``doctor`` advises under lazy module loading, CUDA's default.
@@ -113,6 +112,10 @@ class _Collect(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(f"{record.levelname}: {record.getMessage()}")
+
+
+#: The library's logger (``aiocudasem._log``), by its public name.
+logger = logging.getLogger("aiocudasem")
 
 
 def _self_check(drv: Driver) -> str | None:
