@@ -175,3 +175,19 @@ def test_foreign_library_examples(module: str) -> None:
     pytest.importorskip(module)
     out = run_example(f"{module}_streams.py", timeout=300).stdout
     assert out.splitlines()[-1] == "done", out
+
+
+def test_observability() -> None:
+    proc = run_example("observability.py")
+    lines = proc.stdout.splitlines()
+    assert lines[0] == (
+        "while 8 coroutines wait: parked 8, spinning 0, completed 0, faulted 0, faults seen 0, "
+        "leaked 0"
+    ), proc.stdout
+    assert lines[1].startswith("after they woke: parked 0, spinning 0, completed 8, faulted 0")
+    assert lines[2].startswith("a waiter got DeviceFaultError: ")
+    assert lines[3].startswith("after the fault: parked 0, spinning 0, completed 8, faulted 1")
+    assert "faults seen 1" in lines[3]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("log: ERROR")]
+    assert len(errors) == 1, proc.stderr
+    assert "device 1 of the sim driver faulted" in errors[0]
