@@ -1121,3 +1121,19 @@ def test_hold_refuses_anything_but_a_stream_of_the_simulated_device() -> None:
     for bad in (7, None, "stream"):
         with pytest.raises(TypeError, match=r"needs an aiocudasem\.Stream"):
             hold(bad)  # type: ignore[arg-type]
+
+
+def test_every_status_the_simulated_device_raises_has_its_symbolic_name() -> None:
+    import re
+    from pathlib import Path
+
+    from aiocudasem._driver import _sim
+    from aiocudasem._errors import STICKY_STATUSES
+
+    source = Path(_sim.__file__).read_text()
+    raised = {int(n) for n in re.findall(r"_error\((\d+)", source)}
+    for status in raised | set(STICKY_STATUSES):
+        assert status in _sim._CUDA_NAMES, status
+    with pytest.raises(CudaError) as info:
+        SimDriver().stream_create(5, True, 0)
+    assert info.value.name == "CUDA_ERROR_INVALID_DEVICE"
