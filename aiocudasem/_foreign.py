@@ -6,10 +6,22 @@ the stream's (non-negative) handle. The key gives the event a chain and a side s
 own: waiters of one event share one host function, and waits on different events never queue
 behind each other. Its host function always goes on the side stream (see ``_notifier._loop``),
 whatever ``configure(wake=...)`` says, since there is no work stream to launch it on.
+
+A stream's points come in stream order, so a later point never completes before the chain's
+head. An event's records need not: a wait abandoned while its host function is armed leaves
+that host function (and its side stream's wait) behind the old record, which may never
+complete, and the event may be recorded again. So such a wait *retires* its key: the key also
+carries a generation, and later waits on the event take a new one, with a new chain and a new
+side stream. The generations are process-wide, since side streams outlive an event loop.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
+import threading
+import weakref
+from collections import OrderedDict
 from typing import Final
 
 import anyio.lowlevel
@@ -22,12 +34,40 @@ from ._stream import Event, Stream
 __all__ = ("foreign_key", "wait_event")
 
 _DEVICE_BITS: Final = 12  # devices per key: ordinals below 4096
+_HANDLE_BITS: Final = 64
+_RETIRED_LIMIT: Final = 65536  # events per driver whose generation is remembered
+
+# Per driver, (handle, device) -> the generation of the event's key, for events whose key a
+# wait has retired; absent means generation 0.
+_retired: weakref.WeakKeyDictionary[Driver, OrderedDict[tuple[int, int], int]] = (
+    weakref.WeakKeyDictionary()
+)
+_generations = itertools.count(1)
+_lock = threading.Lock()
 
 
-def foreign_key(handle: int, device: int) -> int:
+def foreign_key(handle: int, device: int, generation: int = 0) -> int:
     """The stream key of a foreign event's point: negative, so that it never equals a
-    stream's handle, and different for each (handle, device)."""
-    return -1 - (handle << _DEVICE_BITS | device)
+    stream's handle, and different for each (handle, device, generation)."""
+    return -1 - (generation << (_HANDLE_BITS + _DEVICE_BITS) | handle << _DEVICE_BITS | device)
+
+
+def _key(driver: Driver, handle: int, device: int) -> int:
+    with _lock:
+        table = _retired.get(driver)
+        generation = 0 if table is None else table.get((handle, device), 0)
+    return foreign_key(handle, device, generation)
+
+
+def _retire(driver: Driver, handle: int, device: int) -> None:
+    """A wait on the event was abandoned with its host function armed: later waits take a
+    new key (see the module's docstring)."""
+    with _lock:
+        table = _retired.setdefault(driver, OrderedDict())
+        table[(handle, device)] = next(_generations)
+        table.move_to_end((handle, device))
+        if len(table) > _RETIRED_LIMIT:
+            table.popitem(last=False)
 
 
 async def wait_event(
@@ -47,20 +87,26 @@ async def wait_event(
       the first record).
     - ``device`` is the ordinal of the device whose work the event captures. It is read from
       the event where the library says (PyTorch's ``device.index``, cuda.core's
-      ``device.device_id``); for a raw handle or a CuPy event it defaults to 0. It decides
-      which device's faults end the wait with :class:`DeviceFaultError`; the wait itself works
-      across devices. A ``device`` that contradicts the event's own is a ``ValueError``.
+      ``device.device_id``); for a raw handle or a CuPy event it defaults to 0, so pass it
+      for an event of another device. It decides which device's faults end the wait with
+      :class:`DeviceFaultError`: a fault of another device is not noticed, and the wait does
+      not end. The wait itself works across devices. A ``device`` that contradicts the event's
+      own is a ``ValueError``.
     - ``driver`` is as for :func:`open_stream` (by default the real CUDA driver).
     - Waiters of one event share one host function. Each foreign event gets a side stream of
       its own, so waits on different events never hold each other up (side streams are
       pooled, 1,024 at most, least recently used first).
     - The event must stay alive, and must not be recorded again, until the wait returns. The
-      wait keeps the library's event object alive, but cannot keep a raw handle alive.
-    - A checkpoint; cancelling abandons the observation only.
+      wait keeps the library's event object alive, but cannot keep a raw handle alive: a raw
+      handle must name a live event (CUDA's behaviour for any other is undefined; the
+      simulated device raises :class:`CudaError`).
+    - A checkpoint; cancelling abandons the observation only. Once a wait has returned, the
+      event may be recorded again and awaited again, also after a cancelled wait whose
+      record never completes.
 
     Raises ``TypeError`` for a stream (use :func:`wait_stream`), another aiocudasem object, a
     bool, a float or a string; ``ValueError`` for a null or out-of-range handle or a device
-    that does not exist; the driver's :class:`CudaError` for a handle it does not know.
+    that does not exist.
     """
     if isinstance(event, Event):
         if device is not None or driver is not None:
@@ -87,8 +133,13 @@ async def wait_event(
         # PyTorch creates its CUDA event on the first record: none yet, nothing to wait for.
         await anyio.lowlevel.checkpoint()
         return
-    point = Point(drv, device, foreign_key(handle, device), handle, None)
-    await current_notifier().wait(point)
+    point = Point(drv, device, _key(drv, handle, device), handle, None)
+    try:
+        await current_notifier().wait(point)
+    except BaseException:
+        if point.token and not point.done:  # abandoned, its host function still armed
+            _retire(drv, handle, device)
+        raise
 
 
 def _event_handle(event: object) -> tuple[int, int | None]:
@@ -136,3 +187,11 @@ def _event_device(event: object) -> int | None:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     return None
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # a thread of the parent may have held it
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

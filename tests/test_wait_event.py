@@ -231,7 +231,7 @@ async def test_an_aiocudasem_event_is_awaited_as_itself(sim: SimDriver) -> None:
         ev.close()
 
 
-async def test_an_unknown_handle_is_the_drivers_error(sim: SimDriver) -> None:
+async def test_an_unknown_handle_is_the_simulated_drivers_error(sim: SimDriver) -> None:
     with pytest.raises(acs.CudaError):
         await acs.wait_event(123456789, driver=sim)
 
@@ -264,3 +264,65 @@ async def test_bad_input_is_a_type_or_value_error(sim: SimDriver) -> None:
     finally:
         sim.event_destroy(event)
         await sem.aclose()
+
+
+async def test_a_cancelled_wait_does_not_hold_back_the_next_record(sim: SimDriver) -> None:
+    """A wait abandoned while its host function is armed leaves that host function behind the
+    old record. After the event is recorded again, a new wait must follow the new record, not
+    queue behind the old one (which here never completes)."""
+    slow = acs.open_stream(driver=sim)
+    slow_gate = hold(slow)
+    fast = acs.open_stream(driver=sim)
+    fast_gate = hold(fast)
+    ev = sim.event_create(0)
+    try:
+        sim.event_record(ev, slow.handle)
+        with anyio.move_on_after(0.05) as scope:
+            await acs.wait_event(ev, driver=sim)
+        assert scope.cancelled_caught
+        sim.event_record(ev, fast.handle)  # allowed: the earlier wait has returned
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: acs.wait_event(ev, driver=sim))
+                await anyio.wait_all_tasks_blocked()
+                assert statistics().parked == 1  # it parked on the new record
+                fast_gate.set()
+        assert sim.event_query(ev)
+    finally:
+        slow_gate.set()
+        slow.close()
+        fast.close()
+        sim.event_destroy(ev)
+
+
+def test_a_wait_abandoned_in_another_loop_does_not_hold_back_the_next_record() -> None:
+    """The side streams outlive an event loop: the same holds across two runs."""
+    sim = SimDriver()
+    slow = acs.open_stream(driver=sim)
+    slow_gate = hold(slow)
+    fast = acs.open_stream(driver=sim)
+    ev = sim.event_create(0)
+
+    async def abandon() -> None:
+        with anyio.move_on_after(0.05):
+            await acs.wait_event(ev, driver=sim)
+
+    async def wait_new_record() -> None:
+        fast_gate = hold(fast)
+        sim.event_record(ev, fast.handle)
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: acs.wait_event(ev, driver=sim))
+                await anyio.sleep(0.02)
+                fast_gate.set()
+
+    try:
+        sim.event_record(ev, slow.handle)
+        anyio.run(abandon)
+        anyio.run(wait_new_record)
+        assert sim.event_query(ev)
+    finally:
+        slow_gate.set()
+        slow.close()
+        fast.close()
+        sim.event_destroy(ev)
