@@ -169,6 +169,7 @@ class ExternalSemaphore(OnDevice):
         Raises ``TypeError`` for a non-timeline semaphore, ``ValueError`` outside uint64 and
         ``anyio.ClosedResourceError`` once the semaphore is closed.
         """
+        self.handle  # noqa: B018 - a closed semaphore raises ClosedResourceError here
         if not self.is_timeline:
             raise TypeError(
                 f"wait_value() needs a timeline semaphore; this one is {self._type.name}: "
@@ -184,6 +185,7 @@ class ExternalSemaphore(OnDevice):
         signal. Raises ``TypeError`` for a timeline semaphore and
         ``anyio.ClosedResourceError`` once the semaphore is closed.
         """
+        self.handle  # noqa: B018 - a closed semaphore raises ClosedResourceError here
         if info(self._type).sync != "binary":
             raise TypeError(
                 f"wait_signaled() needs a binary semaphore; this one is {self._type.name}: "

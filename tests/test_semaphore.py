@@ -469,3 +469,15 @@ async def test_aclose_waits_for_the_device_without_blocking_the_loop(sim: SimDri
     finally:
         rescue.cancel()
     await blocker.aclose()
+
+
+@pytest.mark.anyio
+async def test_host_waits_on_a_closed_semaphore_name_the_semaphore_not_an_entry(
+    sim: SimDriver,
+) -> None:
+    timeline, _ = import_sim_semaphore(sim)
+    binary, _ = import_sim_semaphore(sim, timeline=False)
+    for sem, wait in ((timeline, lambda: timeline.wait_value(1)), (binary, binary.wait_signaled)):
+        await sem.aclose()
+        with pytest.raises(anyio.ClosedResourceError, match="the external semaphore is closed"):
+            await wait()
