@@ -3,10 +3,17 @@ interleaves its rounds, reports medians with their spread, and says what it is d
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from aiocudasem.cli import bench
+from aiocudasem.cli._common import CommandError
 
 
 def test_bench_repeats_interleaves_and_reports_spreads(tmp_path: Path) -> None:
@@ -73,3 +80,44 @@ def test_bench_refuses_unknown_approaches(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "--only: unknown approach(es) cupyy; see --help for the names" in proc.stderr
     assert not (tmp_path / "bench-out").exists()
+
+
+def test_bench_refuses_an_unwritable_out_before_measuring(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    out = tmp_path / "a-file" / "sub"
+    args = ["--driver", "sim", "--quick", "--only", "sync", "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "aiocudasem", "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr == (
+        f"aiocudasem bench: error: --out {out}: cannot write the results there: "
+        f"{tmp_path / 'a-file'} is a file, not a folder\n"
+    )
+    assert proc.stdout == ""  # nothing was measured
+
+
+def test_bench_reports_a_failed_write_of_the_results_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def measure(*args: object) -> None:
+        pass
+
+    def write(out: Path, results: object, meta: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "results.json"))
+
+    monkeypatch.setattr(bench, "run_asyncio", measure)
+    monkeypatch.setattr(bench, "run_trio", measure)
+    monkeypatch.setattr(bench, "write", write)
+    out = tmp_path / "out"
+    with pytest.raises(CommandError) as info:
+        bench.main(["--driver", "sim", "--quick", "--only", "sync", "--out", str(out)])
+    assert str(info.value) == (
+        f"--out {out}: cannot write the results there: No space left on device: "
+        f"{out / 'results.json'}"
+    )
+    assert info.value.status == 1
