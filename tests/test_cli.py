@@ -100,6 +100,17 @@ def test_demo_on_the_simulated_device() -> None:
     assert "falling back" not in proc.stdout
 
 
+@pytest.mark.parametrize("device", ["2", "-1"])
+def test_demo_refuses_a_device_the_driver_does_not_have(device: str) -> None:
+    proc = _run("demo", "--driver", "sim", "--device", device, "--frames", "4", "--words", "64")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr == (
+        f"aiocudasem demo: error: --device {device}: the sim driver has 2 device(s); pass "
+        "--device 0 to 1\n"
+    )
+    assert proc.stdout == ""  # refused before the demo starts
+
+
 @pytest.mark.parametrize(
     ("args", "env", "source", "how"),
     [

@@ -43,7 +43,7 @@ from .. import (
 )
 from ..lowlevel import Driver
 from ..testing import SEEN, SimDriver, Workloads, frame_words, workloads
-from ._common import open_driver
+from ._common import EXIT_USAGE, CommandError, open_driver
 
 
 class _Producer(Protocol):
@@ -350,12 +350,21 @@ def main(driver_name: str | None, backend: str, params: DemoParams) -> int:
     """``aiocudasem demo``: the device chosen by ``--driver`` (``driver_name``) or
     ``$AIOCUDASEM_DRIVER``, which must be usable, or with no choice the real GPU if there is one,
     else the simulated device, said so. Returns the exit status; raises
-    :class:`~._common.CommandError` if the chosen device cannot be used."""
+    :class:`~._common.CommandError` if the chosen device cannot be used, or (status 2) if the
+    driver has no device ``params.device``."""
 
     def say(msg: str) -> None:
         print(msg, flush=True)
 
     driver = open_driver(driver_name, fallback=say)
+    count = driver.device_count()
+    if not 0 <= params.device < count:
+        which = "--device 0" if count == 1 else f"--device 0 to {count - 1}"
+        raise CommandError(
+            f"--device {params.device}: the {driver.name} driver has {count} device(s); "
+            f"pass {which}",
+            EXIT_USAGE,
+        )
 
     async def go() -> DemoResult:
         return await run_demo(driver, params, say=say)
