@@ -373,8 +373,31 @@ def main(driver_name: str | None, backend: str, params: DemoParams) -> int:
     name, _, opt = backend.partition("+")
     try:
         result = anyio.run(go, backend=name, backend_options={"use_uvloop": True} if opt else {})
-    except (AiocudasemError, RuntimeError, ValueError, TimeoutError) as exc:
-        print(f"demo FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except BaseException as exc:
+        failures = _failures(exc)
+        if not failures:
+            raise  # a bug, an interrupt or a closed output pipe: not the demo's to report
+        first = failures[0]
+        more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+        print(f"demo FAILED: {type(first).__name__}: {first}{more}", file=sys.stderr)
         return 1
     report(result, say)
     return 0
+
+
+#: What a run of the demo that fails raises: the device's errors, a failed check, the deadline.
+_FAILURES = (AiocudasemError, RuntimeError, ValueError, TimeoutError)
+
+
+def _failures(exc: BaseException) -> list[BaseException]:
+    """The failures in ``exc``, an exception or a task group's (nested) group of them, in
+    order; empty if any of them is something else."""
+    if isinstance(exc, BaseExceptionGroup):
+        leaves: list[BaseException] = []
+        for sub in exc.exceptions:
+            found = _failures(sub)
+            if not found:
+                return []
+            leaves += found
+        return leaves
+    return [exc] if isinstance(exc, _FAILURES) else []
