@@ -18,7 +18,8 @@ from aiocudasem.cli._common import CommandError
 
 def test_bench_repeats_interleaves_and_reports_spreads(tmp_path: Path) -> None:
     out = tmp_path / "bench"
-    args = ["--driver", "sim", "--quick", "--repeats", "2", "--only", "aiocudasem_parked"]
+    only = "aiocudasem_parked,to_thread"
+    args = ["--driver", "sim", "--quick", "--repeats", "2", "--only", only]
     proc = subprocess.run(
         [sys.executable, "-m", "aiocudasem", "bench", *args, "--out", str(out)],
         capture_output=True,
@@ -29,17 +30,25 @@ def test_bench_repeats_interleaves_and_reports_spreads(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     # A progress line per approach per round, interleaved: round 2 starts one place later.
     steps = [line for line in proc.stdout.splitlines() if line.startswith("[")]
-    asyncio_steps = [s.split(": ", 1)[1].split(" (")[0] for s in steps if "asyncio" in s]
-    assert asyncio_steps == ["sync", "aiocudasem_parked", "aiocudasem_parked", "sync"]
+    names = {
+        loop: [s.split(": ", 1)[1].split(" (")[0] for s in steps if loop in s]
+        for loop in ("asyncio", "trio")
+    }
+    first = ["sync", "to_thread", "aiocudasem_parked"]
+    assert names["asyncio"] == [*first, *first[1:], first[0]]
+    # --only applies to trio as well: of its approaches, sync and to_thread.
+    assert names["trio"] == ["sync", "to_thread", "to_thread", "sync"]
+    assert "trio: 2 approaches, 2 interleaved round(s)" in proc.stdout
     data = json.loads((out / "results.json").read_text())
     assert data["meta"]["repeats"] == 2
     assert data["meta"]["simulated"] is True
-    for name in ("sync", "aiocudasem_parked"):
+    for name in ("sync", "to_thread", "aiocudasem_parked"):
         assert len(data["results"][name]["runs"]) == 2
         wake = data["summary"][name]["wake_us"]
         assert wake["runs"] == 2
         assert wake["min"] <= wake["median"] <= wake["max"]
-    trio = data["summary"]["trio"]["aiocudasem"]
+    assert data["summary"]["trio"].keys() == {"sync", "to_thread"}
+    trio = data["summary"]["trio"]["to_thread"]
     assert trio["wake_us"]["runs"] == 2
     assert trio["awaits_per_s_1"]["runs"] == trio["awaits_per_s_8"]["runs"] == 2
     assert trio["awaits_per_s_1"]["median"] > 0
@@ -47,7 +56,9 @@ def test_bench_repeats_interleaves_and_reports_spreads(tmp_path: Path) -> None:
     assert "SIMULATED" in page
     assert "2 rounds interleaved" in page
     assert "[" in page.split("| approach |", 1)[1]  # spreads, as [min-max]
-    assert "## trio: wake latency (100 us kernel) and throughput" in page
+    trio_page = page.split("## trio: wake latency (100 us kernel) and throughput", 1)[1]
+    assert "| trio.to_thread.run_sync(synchronize) |" in trio_page
+    assert "poll + trio.sleep(0)" not in trio_page
     if (out / "latency.png").exists():
         assert "![latency distributions](latency.png)" in page
         assert "no latency.png" not in proc.stderr

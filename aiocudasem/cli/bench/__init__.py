@@ -33,7 +33,7 @@ from .._common import (
 )
 from ._approaches import ALL
 from ._common import say
-from ._measure import Bench, run_asyncio, run_trio
+from ._measure import TRIO_APPROACHES, Bench, run_asyncio, run_trio
 from ._report import commit, gpu_info, markdown, plot, summarize, versions
 
 _DESCRIPTION = """\
@@ -89,8 +89,10 @@ def _parser() -> argparse.ArgumentParser:
         "--only",
         default="",
         metavar="NAMES",
-        help="comma-separated approaches to run (default: all); sync, the floor, always runs. "
-        "Names: " + ", ".join(cls.name for cls in ALL),
+        help="comma-separated approaches to run on asyncio and, those that trio has ("
+        + ", ".join(TRIO_APPROACHES)
+        + "), on trio (default: all); sync, the floor, always runs. Names: "
+        + ", ".join(cls.name for cls in ALL),
     )
     p.add_argument(
         "--devices",
@@ -127,15 +129,16 @@ def main(argv: list[str] | None = None) -> int:
     if only:
         only.add("sync")  # the floor every figure is compared with
     aps = [cls(drv) for cls in ALL if not only or cls.name in only]
+    trio_names = [n for n in TRIO_APPROACHES if not only or n in only]
 
     async def go_asyncio() -> None:
         await run_asyncio(b, aps, repeats)
 
-    say(f"asyncio: {len(aps)} approaches, {repeats} interleaved round(s)")
+    say(f"asyncio: {_approaches(len(aps))}, {repeats} interleaved round(s)")
     anyio.run(go_asyncio, backend="asyncio")
     gc.collect()
-    say(f"trio: 4 approaches, {repeats} interleaved round(s)")
-    anyio.run(run_trio, b, repeats, backend="trio")
+    say(f"trio: {_approaches(len(trio_names))}, {repeats} interleaved round(s)")
+    anyio.run(run_trio, b, repeats, trio_names, backend="trio")
     try:
         write(ns.out, b.results, _meta(drv, ns.devices, repeats))
     except BrokenPipeError:
@@ -143,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         raise CommandError(_out_message(ns.out, exc)) from exc
     return 0
+
+
+def _approaches(n: int) -> str:
+    return f"{n} approach" + ("" if n == 1 else "es")
 
 
 def _check_out(out: Path) -> None:
