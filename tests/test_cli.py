@@ -303,7 +303,9 @@ def test_a_group_with_anything_but_demo_failures_is_not_reported_as_one(
     ids=lambda a: a[0],
 )
 @pytest.mark.parametrize("unbuffered", ["", "1"], ids=["buffered", "unbuffered"])
-def test_a_closed_pipe_stops_the_command_quietly(args: list[str], unbuffered: str) -> None:
+def test_a_closed_pipe_stops_the_command_quietly(
+    args: list[str], unbuffered: str, tmp_path: Path
+) -> None:
     read_end, write_end = os.pipe()
     proc = subprocess.Popen(
         [sys.executable, "-m", "aiocudasem", *args],
@@ -311,6 +313,7 @@ def test_a_closed_pipe_stops_the_command_quietly(args: list[str], unbuffered: st
         stderr=subprocess.PIPE,
         text=True,
         env=_env({"PYTHONUNBUFFERED": unbuffered}),
+        cwd=tmp_path,  # bench creates its --out, bench-out, before it prints
     )
     # Closed before the interpreter has even started: the first line written meets it.
     os.close(write_end)
