@@ -3,15 +3,23 @@ interleaves its rounds, reports medians with their spread, and says what it is d
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from aiocudasem.cli import bench
+from aiocudasem.cli._common import CommandError
+
 
 def test_bench_repeats_interleaves_and_reports_spreads(tmp_path: Path) -> None:
     out = tmp_path / "bench"
-    args = ["--driver", "sim", "--quick", "--repeats", "2", "--only", "aiocudasem_parked"]
+    only = "aiocudasem_parked,to_thread"
+    args = ["--driver", "sim", "--quick", "--repeats", "2", "--only", only]
     proc = subprocess.run(
         [sys.executable, "-m", "aiocudasem", "bench", *args, "--out", str(out)],
         capture_output=True,
@@ -22,17 +30,25 @@ def test_bench_repeats_interleaves_and_reports_spreads(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     # A progress line per approach per round, interleaved: round 2 starts one place later.
     steps = [line for line in proc.stdout.splitlines() if line.startswith("[")]
-    asyncio_steps = [s.split(": ", 1)[1].split(" (")[0] for s in steps if "asyncio" in s]
-    assert asyncio_steps == ["sync", "aiocudasem_parked", "aiocudasem_parked", "sync"]
+    names = {
+        loop: [s.split(": ", 1)[1].split(" (")[0] for s in steps if loop in s]
+        for loop in ("asyncio", "trio")
+    }
+    first = ["sync", "to_thread", "aiocudasem_parked"]
+    assert names["asyncio"] == [*first, *first[1:], first[0]]
+    # --only applies to trio as well: of its approaches, sync and to_thread.
+    assert names["trio"] == ["sync", "to_thread", "to_thread", "sync"]
+    assert "trio: 2 approaches, 2 interleaved round(s)" in proc.stdout
     data = json.loads((out / "results.json").read_text())
     assert data["meta"]["repeats"] == 2
     assert data["meta"]["simulated"] is True
-    for name in ("sync", "aiocudasem_parked"):
+    for name in ("sync", "to_thread", "aiocudasem_parked"):
         assert len(data["results"][name]["runs"]) == 2
         wake = data["summary"][name]["wake_us"]
         assert wake["runs"] == 2
         assert wake["min"] <= wake["median"] <= wake["max"]
-    trio = data["summary"]["trio"]["aiocudasem"]
+    assert data["summary"]["trio"].keys() == {"sync", "to_thread"}
+    trio = data["summary"]["trio"]["to_thread"]
     assert trio["wake_us"]["runs"] == 2
     assert trio["awaits_per_s_1"]["runs"] == trio["awaits_per_s_8"]["runs"] == 2
     assert trio["awaits_per_s_1"]["median"] > 0
@@ -40,7 +56,9 @@ def test_bench_repeats_interleaves_and_reports_spreads(tmp_path: Path) -> None:
     assert "SIMULATED" in page
     assert "2 rounds interleaved" in page
     assert "[" in page.split("| approach |", 1)[1]  # spreads, as [min-max]
-    assert "## trio: wake latency (100 us kernel) and throughput" in page
+    trio_page = page.split("## trio: wake latency (100 us kernel) and throughput", 1)[1]
+    assert "| trio.to_thread.run_sync(synchronize) |" in trio_page
+    assert "poll + trio.sleep(0)" not in trio_page
     if (out / "latency.png").exists():
         assert "![latency distributions](latency.png)" in page
         assert "no latency.png" not in proc.stderr
@@ -73,3 +91,44 @@ def test_bench_refuses_unknown_approaches(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "--only: unknown approach(es) cupyy; see --help for the names" in proc.stderr
     assert not (tmp_path / "bench-out").exists()
+
+
+def test_bench_refuses_an_unwritable_out_before_measuring(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    out = tmp_path / "a-file" / "sub"
+    args = ["--driver", "sim", "--quick", "--only", "sync", "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "aiocudasem", "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr == (
+        f"aiocudasem bench: error: --out {out}: cannot write the results there: "
+        f"{tmp_path / 'a-file'} is a file, not a folder\n"
+    )
+    assert proc.stdout == ""  # nothing was measured
+
+
+def test_bench_reports_a_failed_write_of_the_results_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def measure(*args: object) -> None:
+        pass
+
+    def write(out: Path, results: object, meta: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "results.json"))
+
+    monkeypatch.setattr(bench, "run_asyncio", measure)
+    monkeypatch.setattr(bench, "run_trio", measure)
+    monkeypatch.setattr(bench, "write", write)
+    out = tmp_path / "out"
+    with pytest.raises(CommandError) as info:
+        bench.main(["--driver", "sim", "--quick", "--only", "sync", "--out", str(out)])
+    assert str(info.value) == (
+        f"--out {out}: cannot write the results there: No space left on device: "
+        f"{out / 'results.json'}"
+    )
+    assert info.value.status == 1

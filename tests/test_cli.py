@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import aiocudasem as acs
 from aiocudasem import cli
-from aiocudasem.cli import bench
+from aiocudasem.cli import bench, demo
 
 NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
 
@@ -100,6 +102,17 @@ def test_demo_on_the_simulated_device() -> None:
     assert "falling back" not in proc.stdout
 
 
+@pytest.mark.parametrize("device", ["2", "-1"])
+def test_demo_refuses_a_device_the_driver_does_not_have(device: str) -> None:
+    proc = _run("demo", "--driver", "sim", "--device", device, "--frames", "4", "--words", "64")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr == (
+        f"aiocudasem demo: error: --device {device}: the sim driver has 2 device(s); pass "
+        "--device 0 to 1\n"
+    )
+    assert proc.stdout == ""  # refused before the demo starts
+
+
 @pytest.mark.parametrize(
     ("args", "env", "source", "how"),
     [
@@ -171,6 +184,111 @@ def test_doctor_reports_an_invalid_driver_variable() -> None:
     assert "notifier" in proc.stdout  # the rest of the report is still there
 
 
+# ---------------------------------------------------------------- a demo that fails
+
+# The demo on the simulated device, with device 0 faulting at the check of its 19th frame, while
+# the other consumer coroutines wait on theirs.
+_FAULTING_DEMO = """\
+import sys
+from aiocudasem import cli
+from aiocudasem.cli import demo
+
+real = demo.workloads
+
+
+class FaultAt:
+    def __init__(self, driver):
+        self.driver, self.work, self.launches = driver, real(driver), 0
+
+    def __getattr__(self, name):
+        return getattr(self.work, name)
+
+    def launch_check_frame(self, *args):
+        self.launches += 1
+        if self.launches == 20:  # the first launch is the warm-up's
+            self.driver.inject_fault(0)
+        return self.work.launch_check_frame(*args)
+
+
+demo.workloads = FaultAt
+sys.exit(cli.main(["demo", "--driver", "sim", "--frames", "200", "--words", "64"]))
+"""
+
+
+def test_a_device_fault_during_the_demo_is_reported_in_one_line() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _FAULTING_DEMO],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    # Every consumer that was waiting fails: the task group raises a group of the faults.
+    assert re.fullmatch(
+        r"demo FAILED: DeviceFaultError: cu\w+ failed: CUDA_ERROR_ILLEGAL_ADDRESS \(700\) "
+        r"\[simulated\]( \(and [1-3] more\))?\n",
+        proc.stderr,
+    ), proc.stderr
+    assert "all 200 frames verified" not in proc.stdout
+
+
+def _raise(exc: BaseException) -> Callable[..., object]:
+    def run(*args: object, **kwargs: object) -> object:
+        raise exc
+
+    return run
+
+
+@pytest.mark.parametrize(
+    ("exc", "line"),
+    [
+        (TimeoutError(), "demo FAILED: TimeoutError: "),
+        (
+            ExceptionGroup(
+                "tasks",
+                [
+                    RuntimeError("first"),
+                    ExceptionGroup(
+                        "inner", [acs.DeviceFaultError("second", 700), TimeoutError("third")]
+                    ),
+                ],
+            ),
+            "demo FAILED: RuntimeError: first (and 2 more)",
+        ),
+        (ExceptionGroup("tasks", [ValueError("only")]), "demo FAILED: ValueError: only"),
+    ],
+    ids=["plain", "nested", "one"],
+)
+def test_demo_failures_in_a_group_are_reported_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    exc: BaseException,
+    line: str,
+) -> None:
+    monkeypatch.setattr(demo.anyio, "run", _raise(exc))
+    assert demo.main("sim", "asyncio", demo.DemoParams()) == 1
+    assert capsys.readouterr().err == line + "\n"
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ExceptionGroup("tasks", [BrokenPipeError(), BrokenPipeError()]),
+        ExceptionGroup("tasks", [RuntimeError("a failure"), KeyError("a bug")]),
+        BaseExceptionGroup("tasks", [RuntimeError("a failure"), KeyboardInterrupt()]),
+    ],
+    ids=["closed-pipe", "bug", "interrupt"],
+)
+def test_a_group_with_anything_but_demo_failures_is_not_reported_as_one(
+    monkeypatch: pytest.MonkeyPatch, exc: BaseException
+) -> None:
+    monkeypatch.setattr(demo.anyio, "run", _raise(exc))
+    with pytest.raises(BaseExceptionGroup) as info:
+        demo.main("sim", "asyncio", demo.DemoParams())
+    assert info.value is exc
+
+
 # ---------------------------------------------------------------- a closed output pipe
 
 
@@ -185,7 +303,9 @@ def test_doctor_reports_an_invalid_driver_variable() -> None:
     ids=lambda a: a[0],
 )
 @pytest.mark.parametrize("unbuffered", ["", "1"], ids=["buffered", "unbuffered"])
-def test_a_closed_pipe_stops_the_command_quietly(args: list[str], unbuffered: str) -> None:
+def test_a_closed_pipe_stops_the_command_quietly(
+    args: list[str], unbuffered: str, tmp_path: Path
+) -> None:
     read_end, write_end = os.pipe()
     proc = subprocess.Popen(
         [sys.executable, "-m", "aiocudasem", *args],
@@ -193,6 +313,7 @@ def test_a_closed_pipe_stops_the_command_quietly(args: list[str], unbuffered: st
         stderr=subprocess.PIPE,
         text=True,
         env=_env({"PYTHONUNBUFFERED": unbuffered}),
+        cwd=tmp_path,  # bench creates its --out, bench-out, before it prints
     )
     # Closed before the interpreter has even started: the first line written meets it.
     os.close(write_end)

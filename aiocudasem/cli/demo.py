@@ -43,7 +43,7 @@ from .. import (
 )
 from ..lowlevel import Driver
 from ..testing import SEEN, SimDriver, Workloads, frame_words, workloads
-from ._common import open_driver
+from ._common import EXIT_USAGE, CommandError, open_driver
 
 
 class _Producer(Protocol):
@@ -350,12 +350,21 @@ def main(driver_name: str | None, backend: str, params: DemoParams) -> int:
     """``aiocudasem demo``: the device chosen by ``--driver`` (``driver_name``) or
     ``$AIOCUDASEM_DRIVER``, which must be usable, or with no choice the real GPU if there is one,
     else the simulated device, said so. Returns the exit status; raises
-    :class:`~._common.CommandError` if the chosen device cannot be used."""
+    :class:`~._common.CommandError` if the chosen device cannot be used, or (status 2) if the
+    driver has no device ``params.device``."""
 
     def say(msg: str) -> None:
         print(msg, flush=True)
 
     driver = open_driver(driver_name, fallback=say)
+    count = driver.device_count()
+    if not 0 <= params.device < count:
+        which = "--device 0" if count == 1 else f"--device 0 to {count - 1}"
+        raise CommandError(
+            f"--device {params.device}: the {driver.name} driver has {count} device(s); "
+            f"pass {which}",
+            EXIT_USAGE,
+        )
 
     async def go() -> DemoResult:
         return await run_demo(driver, params, say=say)
@@ -364,8 +373,31 @@ def main(driver_name: str | None, backend: str, params: DemoParams) -> int:
     name, _, opt = backend.partition("+")
     try:
         result = anyio.run(go, backend=name, backend_options={"use_uvloop": True} if opt else {})
-    except (AiocudasemError, RuntimeError, ValueError, TimeoutError) as exc:
-        print(f"demo FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except BaseException as exc:
+        failures = _failures(exc)
+        if not failures:
+            raise  # a bug, an interrupt or a closed output pipe: not the demo's to report
+        first = failures[0]
+        more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+        print(f"demo FAILED: {type(first).__name__}: {first}{more}", file=sys.stderr)
         return 1
     report(result, say)
     return 0
+
+
+#: What a run of the demo that fails raises: the device's errors, a failed check, the deadline.
+_FAILURES = (AiocudasemError, RuntimeError, ValueError, TimeoutError)
+
+
+def _failures(exc: BaseException) -> list[BaseException]:
+    """The failures in ``exc``, an exception or a task group's (nested) group of them, in
+    order; empty if any of them is something else."""
+    if isinstance(exc, BaseExceptionGroup):
+        leaves: list[BaseException] = []
+        for sub in exc.exceptions:
+            found = _failures(sub)
+            if not found:
+                return []
+            leaves += found
+        return leaves
+    return [exc] if isinstance(exc, _FAILURES) else []

@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,17 @@ import anyio
 
 import aiocudasem as acs
 
-from .._common import DRIVERS, ArgumentParser, HelpFormatter, exit_statuses, open_driver
+from .._common import (
+    DRIVERS,
+    ArgumentParser,
+    CommandError,
+    HelpFormatter,
+    exit_statuses,
+    open_driver,
+)
 from ._approaches import ALL
 from ._common import say
-from ._measure import Bench, run_asyncio, run_trio
+from ._measure import TRIO_APPROACHES, Bench, run_asyncio, run_trio
 from ._report import commit, gpu_info, markdown, plot, summarize, versions
 
 _DESCRIPTION = """\
@@ -81,8 +89,10 @@ def _parser() -> argparse.ArgumentParser:
         "--only",
         default="",
         metavar="NAMES",
-        help="comma-separated approaches to run (default: all); sync, the floor, always runs. "
-        "Names: " + ", ".join(cls.name for cls in ALL),
+        help="comma-separated approaches to run on asyncio and, those that trio has ("
+        + ", ".join(TRIO_APPROACHES)
+        + "), on trio (default: all); sync, the floor, always runs. Names: "
+        + ", ".join(cls.name for cls in ALL),
     )
     p.add_argument(
         "--devices",
@@ -96,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmarks. Raises :class:`~aiocudasem.cli._common.CommandError` if the driver
-    chosen cannot be used (the command line reports it)."""
+    chosen cannot be used or ``--out`` cannot be written to (the command line reports it)."""
     p = _parser()
     ns = p.parse_args(argv)
     only = {x.strip() for x in ns.only.split(",") if x.strip()}
@@ -109,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     drv = open_driver(ns.driver)
     if not 1 <= ns.devices <= drv.device_count():
         p.error(f"--devices must be in [1, {drv.device_count()}] on this machine")
+    # Before the minutes of measurements, not after them: their results would be lost.
+    _check_out(ns.out)
     sim = drv.simulated
     say(
         f"benchmarks on {'the SIMULATED device' if sim else drv.device_name(0)} (driver {drv.name})"
@@ -117,17 +129,50 @@ def main(argv: list[str] | None = None) -> int:
     if only:
         only.add("sync")  # the floor every figure is compared with
     aps = [cls(drv) for cls in ALL if not only or cls.name in only]
+    trio_names = [n for n in TRIO_APPROACHES if not only or n in only]
 
     async def go_asyncio() -> None:
         await run_asyncio(b, aps, repeats)
 
-    say(f"asyncio: {len(aps)} approaches, {repeats} interleaved round(s)")
+    say(f"asyncio: {_approaches(len(aps))}, {repeats} interleaved round(s)")
     anyio.run(go_asyncio, backend="asyncio")
     gc.collect()
-    say(f"trio: 4 approaches, {repeats} interleaved round(s)")
-    anyio.run(run_trio, b, repeats, backend="trio")
-    write(ns.out, b.results, _meta(drv, ns.devices, repeats))
+    say(f"trio: {_approaches(len(trio_names))}, {repeats} interleaved round(s)")
+    anyio.run(run_trio, b, repeats, trio_names, backend="trio")
+    try:
+        write(ns.out, b.results, _meta(drv, ns.devices, repeats))
+    except BrokenPipeError:
+        raise  # standard output, closed: the command line stops quietly
+    except OSError as exc:
+        raise CommandError(_out_message(ns.out, exc)) from exc
     return 0
+
+
+def _approaches(n: int) -> str:
+    return f"{n} approach" + ("" if n == 1 else "es")
+
+
+def _check_out(out: Path) -> None:
+    """Create ``out`` if need be and make sure that a file can be written in it. Raises
+    :class:`CommandError` saying why not."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise CommandError(_out_message(out, exc)) from exc
+
+
+def _out_message(out: Path, exc: OSError) -> str:
+    """The command line's one line for ``exc``, raised while writing to ``out``."""
+    file = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if file is not None:
+        reason = f"{'it' if file == out else file} is a file, not a folder"
+    else:
+        reason = exc.strerror or str(exc)
+        if exc.filename is not None and str(exc.filename) != str(out):
+            reason += f": {exc.filename}"
+    return f"--out {out}: cannot write the results there: {reason}"
 
 
 def _meta(drv: acs.Driver, devices: int, repeats: int) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import os
 import resource
 import statistics
 import time
+from collections.abc import Collection
 from typing import Any, Final
 
 import anyio
@@ -314,9 +315,13 @@ async def measure(b: Bench, ap: Approach, n: int, tput_s: float) -> dict[str, An
     return run
 
 
-async def run_trio(b: Bench, repeats: int) -> None:
+#: The approaches measured on trio, by the names of their asyncio counterparts.
+TRIO_APPROACHES = ("sync", "poll0", "to_thread", "aiocudasem")
+
+
+async def run_trio(b: Bench, repeats: int, names: Collection[str] = TRIO_APPROACHES) -> None:
     """Wake latency and throughput on trio, ``repeats`` interleaved rounds: aiocudasem and the
-    trio-native alternatives."""
+    trio-native alternatives, those of :data:`TRIO_APPROACHES` that are in ``names``."""
     import trio
 
     class TrioPoll0(Approach):
@@ -335,7 +340,8 @@ async def run_trio(b: Bench, repeats: int) -> None:
     n = 60 if b.quick else 300
     tput_s = THROUGHPUT_S / 2 if b.quick else THROUGHPUT_S
     out = b.results.setdefault("trio", {})
-    approaches = [BlockingSync(b.drv), TrioPoll0(b.drv), TrioToThread(b.drv), Aiocudasem(b.drv)]
+    every = [BlockingSync(b.drv), TrioPoll0(b.drv), TrioToThread(b.drv), Aiocudasem(b.drv)]
+    approaches = [ap for ap in every if ap.name in names]
     progress = Progress(repeats * len(approaches))
     for r in range(repeats):
         for ap in _rotated(approaches, r):
