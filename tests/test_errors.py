@@ -88,7 +88,7 @@ async def test_every_waiter_of_a_faulted_stream_gets_the_whole_error(sim: SimDri
             (
                 acs.DeviceFaultError,
                 716,
-                "CUDA_ERROR_716",
+                "CUDA_ERROR_MISALIGNED_ADDRESS",
                 str(caught[0]),
             )
         }
