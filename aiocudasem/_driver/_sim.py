@@ -64,6 +64,13 @@ _CUDA_NAMES: Final = {
 }
 
 
+def _file_of(fd: int) -> tuple[int, int]:
+    """The file that ``fd`` refers to (its device and inode); raises ``OSError`` for a closed
+    fd."""
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
 def _uint(name: str, value: object, what: str = "an int") -> int:
     """``value`` as an int in [0, 2**64): ``TypeError`` for another type (a bool included),
     ``ValueError`` out of range. ``what`` names the value in the messages."""
@@ -88,7 +95,7 @@ class _Semaphore:
         self.value = initial  # timeline value, or 1/0 for a signalled/unsignalled binary
         self.stuck = False
         self.imported = 0
-        self.exported: set[int] = set()
+        self.exported: set[tuple[int, int]] = set()  # the files of its unimported exports
 
 
 def _signalled(sem: _Semaphore) -> Callable[[], bool]:
@@ -251,7 +258,10 @@ class SimDriver:
         self._events: dict[int, _Event] = {}
         self._sems: dict[int, _Semaphore] = {}  # imported handle -> semaphore
         self._sem_devices: dict[int, int] = {}
-        self._exports: dict[int, _Semaphore] = {}  # exported fd -> semaphore
+        # The file an exported fd refers to -> its semaphore. Keyed by the file, not the fd
+        # number, like a real export: a copy of the fd (dup(), or passed over a Unix socket)
+        # imports the same semaphore, and a number reused by an unrelated fd does not.
+        self._exports: dict[tuple[int, int], _Semaphore] = {}
         self._faults: dict[int, int] = {}
         self._host_fns: dict[int, Callable[[int | None], None]] = {}
         self._blocked: dict[int, int] = {}  # device -> streams blocked in a semaphore wait
@@ -395,10 +405,11 @@ class SimDriver:
             return True
 
     def _export(self, sem: _Semaphore) -> int:
-        fd = os.eventfd(0, os.EFD_CLOEXEC)
+        fd = os.memfd_create("aiocudasem-sim-semaphore", os.MFD_CLOEXEC)  # a file of its own
+        key = _file_of(fd)
         with self._lock:
-            self._exports[fd] = sem
-            sem.exported.add(fd)
+            self._exports[key] = sem
+            sem.exported.add(key)
         return fd
 
     # ------------------------------------------------------------------ devices
@@ -539,18 +550,19 @@ class SimDriver:
             if row is None or row.passed_as != "fd":
                 # The simulated platform, like Linux on a discrete GPU, has only fd handles.
                 raise _error(_NOT_SUPPORTED, "cuImportExternalSemaphore")
-            sem = self._exports.get(desc.fd)
-            if sem is None or desc.flags != 0:
-                raise _error(_INVALID_VALUE, "cuImportExternalSemaphore")
             try:
-                os.fstat(desc.fd)
+                key = _file_of(desc.fd)
             except OSError:
                 raise _error(_INVALID_VALUE, "cuImportExternalSemaphore") from None
+            sem = self._exports.get(key)
+            if sem is None or desc.flags != 0:
+                raise _error(_INVALID_VALUE, "cuImportExternalSemaphore")
             if sem.binary != (row.sync == "binary"):
                 raise _error(_INVALID_VALUE, "cuImportExternalSemaphore")
-            # Success: the driver owns the fd now, and closes it.
-            del self._exports[desc.fd]
-            sem.exported.discard(desc.fd)
+            # Success: the driver owns the fd now, and closes it. The export is spent: another
+            # copy of the fd does not import it again.
+            del self._exports[key]
+            sem.exported.discard(key)
             os.close(desc.fd)
             handle = next(self._ids)
             self._sems[handle] = sem
