@@ -19,6 +19,8 @@ from ._foreign import wait_event as wait_event
 from ._handles import HandleType as HandleType
 from ._notifier import Tuning as Tuning
 from ._notifier import configure as configure
+from ._processes import receive_semaphore as receive_semaphore
+from ._processes import send_semaphore as send_semaphore
 from ._semaphore import ExternalSemaphore as ExternalSemaphore
 from ._semaphore import Signal as Signal
 from ._semaphore import Wait as Wait
@@ -55,6 +57,8 @@ __all__ = (
     "get_driver",
     "import_semaphore",
     "open_stream",
+    "receive_semaphore",
+    "send_semaphore",
     "wait_event",
     "wait_external_semaphores",
     "wait_stream",

@@ -1,0 +1,102 @@
+"""Handing an exported semaphore to another process: :func:`send_semaphore` and
+:func:`receive_semaphore`, over a Unix socket with anyio's ``send_fds``/``receive_fds``.
+
+A semaphore travels as its exported fd (``SCM_RIGHTS``) with one fixed-size message that says
+what the fd is: a protocol tag and version, and the :class:`HandleType`'s name. Nothing else
+is shared: each side has its own driver and context, and the receiver imports the fd as
+:func:`import_semaphore` does.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Final
+
+import anyio.abc
+
+from ._driver import Driver
+from ._handles import HandleType, lookup
+from ._semaphore import ExternalSemaphore, import_semaphore
+
+__all__ = ("receive_semaphore", "send_semaphore")
+
+_TAG: Final = b"aiocudasem-semaphore 1 "
+_SIZE: Final = 64  # every message is padded to this size, so that one receive takes it whole
+
+
+async def send_semaphore(
+    stream: anyio.abc.UNIXSocketStream, fd: int, handle_type: HandleType, *, close: bool = True
+) -> None:
+    """Send an exported semaphore ``fd`` of ``handle_type`` over a Unix socket, for the
+    process at the other end to take with :func:`receive_semaphore`.
+
+    ``fd`` is what a producer exports (for example ``VulkanSemaphore.export_fd()``); only the
+    fd handle types can travel this way. With ``close`` (the default) this process's copy is
+    closed once it is sent, since the receiver owns the semaphore from then on; it stays open
+    if sending fails. A checkpoint. Raises ``TypeError`` and ``ValueError`` for a bad ``fd``
+    or handle type, and what anyio's ``send_fds`` raises for the socket (``BrokenResourceError``
+    once the peer has gone).
+    """
+    if not isinstance(handle_type, HandleType):
+        raise TypeError(f"handle_type must be an aiocudasem.HandleType, not {handle_type!r}")
+    row = lookup(handle_type)
+    if row is None or row.passed_as != "fd":
+        raise ValueError(
+            f"{handle_type.name} is not passed as an fd, so it cannot be sent over a socket: "
+            "send an OPAQUE_FD or TIMELINE_SEMAPHORE_FD semaphore"
+        )
+    if isinstance(fd, bool) or not isinstance(fd, int):
+        raise TypeError(f"fd must be an int file descriptor, not {type(fd).__name__}")
+    try:
+        os.fstat(fd)
+    except OSError as exc:
+        raise ValueError(f"fd {fd} is not an open file descriptor: {exc.strerror}") from None
+    message = (_TAG + handle_type.name.encode()).ljust(_SIZE, b" ")
+    await stream.send_fds(message, [fd])
+    if close:
+        os.close(fd)
+
+
+async def receive_semaphore(
+    stream: anyio.abc.UNIXSocketStream,
+    *,
+    device: int = 0,
+    driver: Driver | str | None = None,
+) -> ExternalSemaphore:
+    """Receive a semaphore that the peer sent with :func:`send_semaphore`, and import it on
+    ``device`` (``driver`` as for :func:`import_semaphore`).
+
+    A checkpoint; cancelling it before a message arrives receives nothing. Raises
+    ``anyio.EndOfStream`` if the peer closed the connection (a producer that exited or was
+    killed), ``ValueError`` for a message that is not a semaphore of this protocol (any fd it
+    carried is closed), and what :func:`import_semaphore` raises (the fd is closed then too).
+    """
+    # Room for a second fd, so that a message with more than one is refused, not truncated.
+    message, fds = await stream.receive_fds(_SIZE, 2)
+    try:
+        handle_type = _parse(message, fds)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    fd = fds[0]
+    try:
+        return import_semaphore(handle_type, fd, device=device, driver=driver)
+    except BaseException:
+        os.close(fd)  # not imported: the fd is still ours
+        raise
+
+
+def _parse(message: bytes, fds: list[int]) -> HandleType:
+    if len(message) != _SIZE or not message.startswith(_TAG):
+        raise ValueError(
+            f"received {message[:_SIZE]!r}, not a semaphore sent by aiocudasem.send_semaphore "
+            "(protocol 1)"
+        )
+    if len(fds) != 1:
+        raise ValueError(f"a semaphore message carries one fd, this one {len(fds)}")
+    name = message[len(_TAG) :].rstrip(b" ").decode("ascii", "replace")
+    try:
+        return HandleType[name]
+    except KeyError:
+        raise ValueError(f"received a semaphore of unknown handle type {name!r}") from None
