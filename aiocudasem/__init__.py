@@ -4,6 +4,7 @@ Enqueue semaphore waits and signals on CUDA streams (synchronous, non-blocking),
 the GPU from asyncio or trio, through a GIL-free C host function routed to the event loop.
 """
 
+from ._dlpack import ready as ready
 from ._driver import DRIVER_ENV as DRIVER_ENV
 from ._driver import Driver as Driver
 from ._driver import get_driver as get_driver
@@ -57,6 +58,7 @@ __all__ = (
     "get_driver",
     "import_semaphore",
     "open_stream",
+    "ready",
     "receive_semaphore",
     "send_semaphore",
     "wait_event",

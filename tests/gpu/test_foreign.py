@@ -160,3 +160,43 @@ async def test_wait_event_on_a_cuda_core_event(cuda: acs.Driver) -> None:
     assert ev.is_done
     ev.close()
     s.close()
+
+
+# ---------------------------------------------------------------- ready(): DLPack producers
+
+
+async def test_ready_on_a_pytorch_tensor(cuda: acs.Driver) -> None:
+    torch = pytest.importorskip("torch")
+    s = torch.cuda.Stream()
+    a = torch.rand(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s):  # PyTorch orders the work of its current stream
+        b = a
+        for _ in range(60):
+            b = b @ a
+        after = torch.cuda.Event()
+        after.record(s)
+        assert not after.query()
+        with anyio.fail_after(30):
+            await acs.ready(b, driver=cuda)
+    assert after.query()  # everything enqueued before the export had completed
+
+
+async def test_ready_on_a_cupy_array(cuda: acs.Driver) -> None:
+    cp = pytest.importorskip("cupy")
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        a = cp.arange(1 << 24, dtype=cp.float64)
+        total = cp.sqrt(a).sum()
+        after = cp.cuda.Event()
+        after.record(s)
+        with anyio.fail_after(30):
+            await acs.ready(total, driver=cuda)
+    assert after.done
+    assert float(total) > 0
+
+
+async def test_ready_on_a_cpu_array_needs_no_gpu_work() -> None:
+    np = pytest.importorskip("numpy")
+    with anyio.fail_after(5):
+        await acs.ready(np.ones(3))

@@ -1,0 +1,118 @@
+"""Readiness of anything that speaks DLPack: :func:`ready`.
+
+DLPack lets a consumer hand its stream to the producer: ``x.__dlpack__(stream=s)`` makes the
+producer order its pending work on ``x`` before whatever comes next on ``s`` (it enqueues an
+event wait there). So a private stream passed that way and then awaited tells when ``x`` is
+ready, with no knowledge of the producer's streams: it reaches libraries that expose none. The
+capsule that ``__dlpack__`` returns is dropped unconsumed, which frees the export.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import anyio.lowlevel
+
+from ._driver import Driver
+from ._errors import AiocudasemError
+from ._notifier import (
+    Point,
+    current_notifier,
+    destroy_stream,
+    event_pool,
+    host_wait_streams,
+    take_event,
+)
+from ._semaphore import resolve_driver
+
+__all__ = ("ready",)
+
+# DLDeviceType codes (dlpack.h).
+_CPU: Final = 1
+_CUDA_DEVICES: Final = {2: "kDLCUDA", 3: "kDLCUDAHost", 13: "kDLCUDAManaged"}
+
+
+async def ready(array: object, *, driver: Driver | str | None = None) -> None:
+    """Wait until ``array``'s pending GPU work has completed, for any object that implements
+    DLPack (``__dlpack__`` and ``__dlpack_device__``): a PyTorch tensor, a CuPy or JAX array,
+    a cuda.core buffer.
+
+    A private stream of the array's device is passed to ``array.__dlpack__(stream=...)``, which
+    makes the producer order its pending work before that stream's next operation; then that
+    stream is awaited as :meth:`Stream.wait_complete` would. What counts as pending is the
+    producer's to say: PyTorch and CuPy, for instance, order the work of their *current*
+    stream. A CPU array (``kDLCPU``) is ready at once.
+
+    ``driver`` is as for :func:`open_stream` (by default the real CUDA driver). A checkpoint;
+    cancelling abandons the observation only (the private stream is then destroyed, not
+    reused). Raises ``TypeError`` for an object without DLPack or whose ``__dlpack__`` takes
+    no stream, ``ValueError`` for a device that is neither the CPU nor CUDA, or for a device
+    ordinal that does not exist, and what the producer's ``__dlpack__`` raises.
+    """
+    device_of = getattr(array, "__dlpack_device__", None)
+    export = getattr(array, "__dlpack__", None)
+    if device_of is None or export is None:
+        raise TypeError(
+            f"{type(array).__name__} does not implement DLPack (__dlpack__ and "
+            "__dlpack_device__): await aiocudasem.wait_stream() or wait_event() instead"
+        )
+    kind, ordinal = _device(device_of(), type(array).__name__)
+    if kind == _CPU:
+        await anyio.lowlevel.checkpoint()
+        return
+    drv = resolve_driver(driver)
+    count = drv.device_count()
+    if not 0 <= ordinal < count:
+        raise ValueError(
+            f"{type(array).__name__} is on {_CUDA_DEVICES[kind]} device {ordinal}, which does "
+            f"not exist here: {count} device(s)"
+        )
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    notifier = current_notifier()
+    stream = host_wait_streams.take(drv, ordinal)
+    done = False
+    try:
+        try:
+            capsule = export(stream=stream)
+        except TypeError as exc:
+            raise TypeError(
+                f"{type(array).__name__}.__dlpack__ takes no stream, so it cannot order its "
+                "work before one of ours; await its library's stream with wait_stream()"
+            ) from exc
+        del capsule  # never consumed: its destructor frees the export
+        pool = event_pool.free_list(drv, ordinal)
+        event = take_event(drv, ordinal, pool)
+        try:
+            drv.event_record(event, stream)
+        except BaseException:
+            pool.append(event)
+            raise
+        await notifier.wait(Point(drv, ordinal, stream, event, pool))
+        done = True
+    finally:
+        if done:
+            host_wait_streams.give(drv, ordinal, stream)
+        else:
+            # Cancelled or failed: the stream may wait for the producer's work for a long
+            # time, so it is not reused.
+            try:
+                destroy_stream(drv, stream)
+            except AiocudasemError:
+                pass  # a faulted device: the stream is gone with its context
+
+
+def _device(value: object, name: str) -> tuple[int, int]:
+    """The (device type, ordinal) of a ``__dlpack_device__()`` result, checked."""
+    if (
+        not isinstance(value, tuple)
+        or len(value) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        raise TypeError(f"{name}.__dlpack_device__() returned {value!r}, not (type, ordinal)")
+    kind, ordinal = int(value[0]), int(value[1])
+    if kind != _CPU and kind not in _CUDA_DEVICES:
+        raise ValueError(
+            f"{name} is on DLPack device type {kind}, neither the CPU nor CUDA: aiocudasem "
+            "waits for CUDA devices only"
+        )
+    return kind, ordinal

@@ -1,0 +1,128 @@
+"""ready(): readiness of anything that speaks DLPack, on the simulated device. The producer
+below does what a GPU library's ``__dlpack__(stream=...)`` does: it makes the consumer's stream
+wait for an event recorded after its own pending work. numpy's arrays are the CPU case. The GPU
+suite repeats it with PyTorch, CuPy and cuda.core."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+import aiocudasem as acs
+from aiocudasem.lowlevel import statistics
+from aiocudasem.testing import SimDriver, hold
+
+pytestmark = pytest.mark.anyio
+
+
+class Producer:
+    """An array whose data a simulated kernel on ``stream`` is still writing."""
+
+    def __init__(self, sim: SimDriver, stream: acs.Stream, device: int = 0) -> None:
+        self.sim, self.stream, self.device = sim, stream, device
+        self.exports: list[int | None] = []
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (2, self.device)  # kDLCUDA
+
+    def __dlpack__(self, *, stream: int | None = None, **kwargs: Any) -> object:
+        self.exports.append(stream)
+        if stream is not None and stream != -1:
+            ev = self.sim.event_create(self.device)
+            self.sim.event_record(ev, self.stream.handle)
+            self.sim.stream_wait_event(stream, ev)
+            self.sim.event_destroy(ev)
+        return object()  # stands for the capsule
+
+
+async def test_ready_waits_for_the_producers_pending_work(sim: SimDriver) -> None:
+    async with acs.open_stream(driver=sim) as theirs:
+        gate = hold(theirs)
+        x = Producer(sim, theirs)
+        woke: list[float] = []
+
+        async def consumer() -> None:
+            await acs.ready(x, driver=sim)
+            woke.append(time.perf_counter())
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consumer)
+                await anyio.sleep(0.05)
+                assert not woke, "ready() returned before the producer's work completed"
+                released = time.perf_counter()
+                gate.set()
+        assert woke[0] >= released
+        stream = x.exports[0]
+        assert isinstance(stream, int) and stream not in (0, 1, 2)  # a private stream
+
+
+async def test_the_private_stream_is_reused_and_an_abandoned_one_is_not(sim: SimDriver) -> None:
+    async with acs.open_stream(driver=sim) as theirs:
+        x = Producer(sim, theirs)
+        await acs.ready(x, driver=sim)
+        await acs.ready(x, driver=sim)
+        assert x.exports[0] == x.exports[1]  # taken back after a completed wait
+        gate = hold(theirs)
+        with anyio.move_on_after(0.05) as scope:
+            await acs.ready(x, driver=sim)
+        assert scope.cancelled_caught
+        gate.set()
+        await acs.ready(x, driver=sim)
+        assert x.exports[3] != x.exports[2]  # the cancelled wait's stream was not reused
+    assert statistics().parked == 0
+
+
+async def test_a_cpu_array_is_ready_at_once() -> None:
+    with anyio.fail_after(5):
+        await acs.ready(np.arange(10))  # numpy: kDLCPU, no driver needed
+
+
+async def test_bad_input(sim: SimDriver) -> None:
+    class NoStream(Producer):
+        def __dlpack__(self) -> object:  # type: ignore[override]
+            return object()
+
+    class Rocm(Producer):
+        def __dlpack_device__(self) -> tuple[int, int]:
+            return (10, 0)  # kDLROCM
+
+    class Odd(Producer):
+        def __dlpack_device__(self) -> Any:
+            return "cuda:0"
+
+    async with acs.open_stream(driver=sim) as theirs:
+        with pytest.raises(TypeError, match="does not implement DLPack"):
+            await acs.ready(theirs, driver=sim)
+        with pytest.raises(TypeError, match="does not implement DLPack"):
+            await acs.ready([1, 2, 3], driver=sim)
+        with pytest.raises(TypeError, match="takes no stream"):
+            await acs.ready(NoStream(sim, theirs), driver=sim)
+        with pytest.raises(ValueError, match="neither the CPU nor CUDA"):
+            await acs.ready(Rocm(sim, theirs), driver=sim)
+        with pytest.raises(TypeError, match="not \\(type, ordinal\\)"):
+            await acs.ready(Odd(sim, theirs), driver=sim)
+        with pytest.raises(ValueError, match="does not exist here"):
+            await acs.ready(Producer(sim, theirs, device=7), driver=sim)
+
+
+async def test_a_fault_of_the_device_ends_the_wait(sim: SimDriver, fault_watchdog: float) -> None:
+    theirs = acs.open_stream(1, driver=sim)
+    hold(theirs)
+    x = Producer(sim, theirs, device=1)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+
+            async def consumer() -> None:
+                with pytest.raises(acs.DeviceFaultError):
+                    await acs.ready(x, driver=sim)
+
+            tg.start_soon(consumer)
+            await anyio.sleep(0.05)
+            sim.inject_fault(1)
+    with pytest.raises(acs.DeviceFaultError):
+        await theirs.aclose()
