@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import assert_type
 
 import anyio
+import anyio.abc
 
 import aiocudasem as acs
 from aiocudasem import lowlevel
@@ -67,6 +68,21 @@ async def facades(stream: acs.Stream, a: acs.ExternalSemaphore, foreign: object)
         await stream.wait_complete()
 
 
+async def other_libraries(torch_event: object, tensor: object, raw_event: int) -> None:
+    await acs.wait_event(torch_event)
+    await acs.wait_event(raw_event, device=1, driver="cuda")
+    await acs.ready(tensor)
+    await acs.ready(tensor, driver="sim")
+
+
+async def across_processes(sock: anyio.abc.UNIXSocketStream, fd: int) -> None:
+    await acs.send_semaphore(sock, fd, acs.HandleType.TIMELINE_SEMAPHORE_FD)
+    await acs.send_semaphore(sock, fd, acs.HandleType.OPAQUE_FD, close=False)
+    sem = await acs.receive_semaphore(sock, device=0, driver="sim")
+    assert_type(sem, acs.ExternalSemaphore)
+    await sem.aclose()
+
+
 async def simulated_driver() -> None:
     sim = SimDriver(devices=2)
     named: SimDriver = SimDriver(devices=1, name="sim-b")
@@ -105,6 +121,7 @@ def tuning_and_statistics() -> None:
     lowlevel.configure(watchdog=settings.watchdog)
     stats: lowlevel.Statistics = lowlevel.statistics()
     counts: list[int] = [stats.parked, stats.spinning, stats.armed, stats.chained]
+    counts += [stats.completed, stats.faulted, stats.faults_seen, stats.leaked]
     assert all(c >= 0 for c in counts)
     driver: lowlevel.Driver = lowlevel.get_driver("sim")
     assert driver.device_count() >= 1
