@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fetch what the GPU machine lacks (it has no network) into .device/: cp312 wheels of the
-# pinned cuda-bindings and of the test dependencies it does not have, and Debian's Vulkan loader
-# with the GL vendor-neutral dispatch libraries that NVIDIA's Vulkan driver (ICD) links against.
+# pinned cuda-bindings and of the test dependencies it does not have (aiohttp and its
+# dependencies for the web-service example), and Debian's Vulkan loader with the GL
+# vendor-neutral dispatch libraries that NVIDIA's Vulkan driver (ICD) links against.
 # Without those, vkCreateInstance fails with VK_ERROR_INCOMPATIBLE_DRIVER.
 set -eu
 cd "$(dirname "$0")/.."
@@ -10,7 +11,8 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .device/whl \
   cuda-bindings==13.5.0 cuda-pathfinder==1.9.1 anyio==4.16.0 trio==0.35.0 outcome sniffio \
-  pytest-asyncio==1.5.0
+  pytest-asyncio==1.5.0 \
+  aiohttp==3.14.5 aiohappyeyeballs aiosignal attrs frozenlist multidict propcache yarl idna
 o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
 mkdir -p /tmp/amd64/partial
 apt-get $o update -qq
