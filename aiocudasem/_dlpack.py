@@ -34,20 +34,27 @@ _CUDA_DEVICES: Final = {2: "kDLCUDA", 3: "kDLCUDAHost", 13: "kDLCUDAManaged"}
 
 async def ready(array: object, *, driver: Driver | str | None = None) -> None:
     """Wait until ``array``'s pending GPU work has completed, for any object that implements
-    DLPack (``__dlpack__`` and ``__dlpack_device__``): a PyTorch tensor, a CuPy or JAX array,
-    a cuda.core buffer.
+    DLPack (``__dlpack__`` and ``__dlpack_device__``) and honours its ``stream`` argument: a
+    PyTorch tensor, a CuPy or JAX array.
 
     A private stream of the array's device is passed to ``array.__dlpack__(stream=...)``, which
     makes the producer order its pending work before that stream's next operation; then that
     stream is awaited as :meth:`Stream.wait_complete` would. What counts as pending is the
-    producer's to say: PyTorch and CuPy, for instance, order the work of their *current*
-    stream. A CPU array (``kDLCPU``) is ready at once.
+    producer's to say: PyTorch and CuPy order the work of their *current* stream on the
+    *current* device, so call ``ready()`` where those are the tensor's. A CPU array
+    (``kDLCPU``) is ready at once; for pinned host memory (``kDLCUDAHost``) the producer
+    decides (PyTorch orders nothing for a CPU tensor: await the stream of a ``non_blocking``
+    copy instead). PyTorch refuses to export a tensor that requires grad: pass ``x.detach()``.
+
+    cuda.core's buffers ignore the ``stream`` argument (their ``__dlpack__`` leaves stream
+    order to the caller), so ``ready()`` refuses them: await the stream that wrote the buffer
+    with :func:`wait_stream`.
 
     ``driver`` is as for :func:`open_stream` (by default the real CUDA driver). A checkpoint;
     cancelling abandons the observation only (the private stream is then destroyed, not
-    reused). Raises ``TypeError`` for an object without DLPack or whose ``__dlpack__`` takes
-    no stream, ``ValueError`` for a device that is neither the CPU nor CUDA, or for a device
-    ordinal that does not exist, and what the producer's ``__dlpack__`` raises.
+    reused). Raises ``TypeError`` for an object without DLPack, whose ``__dlpack__`` takes no
+    stream or ignores it, ``ValueError`` for a device that is neither the CPU nor CUDA, or for
+    a device ordinal that does not exist, and what the producer's ``__dlpack__`` raises.
     """
     device_of = getattr(array, "__dlpack_device__", None)
     export = getattr(array, "__dlpack__", None)
@@ -55,6 +62,12 @@ async def ready(array: object, *, driver: Driver | str | None = None) -> None:
         raise TypeError(
             f"{type(array).__name__} does not implement DLPack (__dlpack__ and "
             "__dlpack_device__): await aiocudasem.wait_stream() or wait_event() instead"
+        )
+    if type(array).__module__.partition(".")[0] == "cuda" and "core" in type(array).__module__:
+        raise TypeError(
+            f"{type(array).__name__} of cuda.core ignores the stream passed to __dlpack__, so it "
+            "cannot say when its data is ready: await the stream that wrote it with "
+            "aiocudasem.wait_stream()"
         )
     kind, ordinal = _device(device_of(), type(array).__name__)
     if kind == _CPU:

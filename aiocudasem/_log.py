@@ -3,10 +3,13 @@ them that :func:`aiocudasem.lowlevel.statistics` reports.
 
 Three things are logged, each where it happens:
 
-- a **device fault**: ERROR, once per device of a driver, when the library first sees the
-  device's context in a sticky error (the watchdog, a failed query or enqueue of a wait);
-- a **leak**: WARNING, when a stream or semaphore is collected without ``close()`` or
-  ``aclose()`` (the same text as its ``ResourceWarning``), and when releasing an object fails;
+- a **device fault**: ERROR, once per device of a driver, when the fault watchdog or a wait
+  (a query of its point, or the launch of its host function) finds the device's context in a
+  sticky error. A ``DeviceFaultError`` that an enqueue or a record raises straight to its
+  caller is the caller's to report, and is not logged here;
+- a **leak**: WARNING, when the release of a stream or semaphore collected without
+  ``close()`` or ``aclose()`` runs (at the library's next use, not inside the collector), and
+  when releasing an object fails;
 - **lazy loading**: WARNING, once per process, when the first semaphore wait is enqueued on
   the real driver while CUDA loads modules lazily, and when a kernel could not be loaded
   ahead of a device's first wait.
@@ -62,12 +65,13 @@ def faults_seen() -> int:
         return _faults
 
 
-def leaked(message: str) -> None:
-    """Log (and count) an object collected while still open, with its ResourceWarning's text."""
+def leaked(what: str) -> None:
+    """Log (and count) ``what``, an object collected while still open, when its release runs:
+    never from a finalizer (see ``_release``)."""
     global _leaks
     with _lock:
         _leaks += 1
-    logger.warning("%s", message)
+    logger.warning("%s was collected without close() or aclose(); it is released now", what)
 
 
 def leaks() -> int:

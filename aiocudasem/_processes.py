@@ -28,7 +28,8 @@ async def send_semaphore(
     stream: anyio.abc.UNIXSocketStream, fd: int, handle_type: HandleType, *, close: bool = True
 ) -> None:
     """Send an exported semaphore ``fd`` of ``handle_type`` over a Unix socket, for the
-    process at the other end to take with :func:`receive_semaphore`.
+    process at the other end to take with :func:`receive_semaphore`. Use a socket for
+    semaphores only: plain bytes sent before a semaphore's message join it.
 
     ``fd`` is what a producer exports (for example ``VulkanSemaphore.export_fd()``); only the
     fd handle types can travel this way. With ``close`` (the default) this process's copy is

@@ -21,29 +21,32 @@ from ._errors import AiocudasemError, DeviceFaultError, DriverUnavailableError
 
 __all__ = ("defer", "flush", "pending", "release", "release_quietly")
 
-_deferred: deque[tuple[Callable[[], None], str]] = deque()
+# (release, what it releases, whether it was leaked: collected while still open)
+_deferred: deque[tuple[Callable[[], None], str, bool]] = deque()
 
 
 def release(destroy: Callable[[], None], what: str, collected: bool) -> None:
     """Release now (``aclose()``), or, from a finalizer (``collected``), queue the release for
     :func:`flush` and warn with a ``ResourceWarning``. The queueing comes first, so that
-    warnings-as-errors cannot skip the release."""
+    warnings-as-errors cannot skip the release. The leak is logged (and counted) by
+    :func:`flush`, not here: a finalizer may run inside any allocation, even one made while the
+    logging module or a handler holds a lock, so it calls no handler and takes no lock."""
     if not collected:
         _run(destroy, what, collected=False)
         return
-    _deferred.append((destroy, what))
-    message = (
+    _deferred.append((destroy, what, True))
+    warnings.warn(
         f"{what} was collected without close() or aclose(); it is released at the library's "
-        "next use"
+        "next use",
+        ResourceWarning,
+        stacklevel=2,
     )
-    _log.leaked(message)
-    warnings.warn(message, ResourceWarning, stacklevel=2)
 
 
 def defer(destroy: Callable[[], None], what: str) -> None:
     """From a finalizer of an object that may be left to the collector (an Event): queue its
     release for :func:`flush`, without a warning."""
-    _deferred.append((destroy, what))
+    _deferred.append((destroy, what, False))
 
 
 def pending() -> int:
@@ -52,13 +55,16 @@ def pending() -> int:
 
 
 def flush() -> None:
-    """Release what finalizers queued. Never raises: failures become ``RuntimeWarning``."""
+    """Release what finalizers queued, logging each leaked object first. Never raises:
+    failures become ``RuntimeWarning``."""
     while True:
         try:
-            destroy, what = _deferred.popleft()
+            destroy, what, leaked = _deferred.popleft()
         except IndexError:
             return
         try:
+            if leaked:
+                _log.leaked(what)
             release_quietly(destroy, what)
         except Exception as exc:  # a warning turned into an error must not stop the queue
             del exc

@@ -95,6 +95,11 @@ async def test_bad_input(sim: SimDriver) -> None:
         def __dlpack_device__(self) -> Any:
             return "cuda:0"
 
+    class Buffer(Producer):
+        """Stands for cuda.core's Buffer, whose __dlpack__ ignores the stream."""
+
+    Buffer.__module__ = "cuda.core._memory._buffer"
+
     async with acs.open_stream(driver=sim) as theirs:
         with pytest.raises(TypeError, match="does not implement DLPack"):
             await acs.ready(theirs, driver=sim)
@@ -108,6 +113,10 @@ async def test_bad_input(sim: SimDriver) -> None:
             await acs.ready(Odd(sim, theirs), driver=sim)
         with pytest.raises(ValueError, match="does not exist here"):
             await acs.ready(Producer(sim, theirs, device=7), driver=sim)
+        buffer = Buffer(sim, theirs)
+        with pytest.raises(TypeError, match="ignores the stream passed to __dlpack__"):
+            await acs.ready(buffer, driver=sim)
+        assert buffer.exports == []  # refused before exporting anything
 
 
 async def test_a_fault_of_the_device_ends_the_wait(sim: SimDriver, fault_watchdog: float) -> None:

@@ -7,6 +7,8 @@ import gc
 import logging
 import subprocess
 import sys
+import threading
+import time
 
 import anyio
 import pytest
@@ -40,6 +42,11 @@ async def test_a_device_fault_is_logged_once_per_device(
         sim.inject_fault(1)
     with pytest.raises(acs.DeviceFaultError):
         await doomed.aclose()
+    # The watchdog logs after it has woken the loop: the record may come a moment later.
+    with anyio.fail_after(5):
+        while not _records(caplog, logging.ERROR):
+            await anyio.sleep(0.01)
+    await anyio.sleep(0.1)  # and only one comes
     errors = _records(caplog, logging.ERROR)
     assert len(errors) == 1, [r.getMessage() for r in errors]
     assert "device 1 of the sim driver faulted" in errors[0].getMessage()
@@ -56,11 +63,85 @@ async def test_a_leaked_stream_is_logged_and_counted(
     with pytest.warns(ResourceWarning, match="collected without close"):
         del stream
         gc.collect()
+    # Logged when the release runs, at the library's next use: never inside the collector.
+    assert _records(caplog, logging.WARNING) == []
+    acs.open_stream(driver=sim).close()
     warnings = _records(caplog, logging.WARNING)
     assert len(warnings) == 1
     assert "aiocudasem.Stream" in warnings[0].getMessage()
     assert "collected without close() or aclose()" in warnings[0].getMessage()
     assert statistics().leaked == before + 1
+
+
+def test_a_collection_inside_the_logging_lock_cannot_deadlock() -> None:
+    """A leaked stream in a reference cycle, collected by a pass that runs while the library
+    holds its log lock: the finalizer must take no lock (it only queues the release)."""
+    code = """
+import faulthandler, gc, warnings
+faulthandler.dump_traceback_later(20, exit=True)
+warnings.simplefilter("ignore")
+import aiocudasem
+from aiocudasem import _log
+from aiocudasem.testing import SimDriver
+
+class D:
+    name = "stand-in"
+
+drv = SimDriver()
+gc.disable(); gc.collect()
+s = aiocudasem.open_stream(driver=drv)
+keep = [s]; keep.append(keep); del s
+gc.collect(0)  # the cycle moves to generation 1
+del keep  # garbage, found by the next generation-1 pass
+gc.set_threshold(1, 1); gc.enable()
+_log.device_fault(D(), 0, RuntimeError("boom"))  # allocates while holding the lock
+gc.disable()
+aiocudasem.open_stream(driver=drv).close()  # the library's next use releases and logs it
+print("leaks", _log.leaks())
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "leaks 1", proc.stdout + proc.stderr
+
+
+@pytest.mark.anyio
+async def test_a_slow_log_handler_does_not_delay_the_fault_wake_up(
+    sim: SimDriver, fault_watchdog: float
+) -> None:
+    """The watchdog wakes the parked loops before it logs the fault."""
+
+    class Slow(logging.Handler):
+        """Slow in the watchdog's thread only: a handler run by the event loop's own thread
+        (the loop may see the fault first) holds up that loop, as any handler there does."""
+
+        def emit(self, record: logging.LogRecord) -> None:
+            if threading.current_thread().name.startswith("aiocudasem-watchdog"):
+                time.sleep(1.0)
+
+    slow = Slow()
+    logging.getLogger("aiocudasem").addHandler(slow)
+    try:
+        doomed = acs.open_stream(1, driver=sim)
+        hold(doomed)
+        took: list[float] = []
+
+        async def victim() -> None:
+            with pytest.raises(acs.DeviceFaultError):
+                await doomed.wait_complete()
+            took.append(time.perf_counter() - t0)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(victim)
+            await anyio.wait_all_tasks_blocked()
+            t0 = time.perf_counter()
+            sim.inject_fault(1)
+        with pytest.raises(acs.DeviceFaultError):
+            await doomed.aclose()
+    finally:
+        logging.getLogger("aiocudasem").removeHandler(slow)
+    assert took[0] < 0.9, f"the waiter woke {took[0]:.2f} s after the fault"
 
 
 def test_the_logger_is_silent_until_the_application_configures_logging() -> None:

@@ -58,8 +58,8 @@ class Statistics:
     watchdog_threads: int = 0
     #: Devices (per driver) seen in a sticky error in this process; each is logged once.
     faults_seen: int = 0
-    #: Streams and semaphores collected without ``close()`` or ``aclose()`` in this process;
-    #: each is logged, and released at the library's next use.
+    #: Streams and semaphores collected without ``close()`` or ``aclose()`` in this process,
+    #: counted and logged when their release runs, at the library's next use.
     leaked: int = 0
 
 

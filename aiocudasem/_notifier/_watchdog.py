@@ -180,12 +180,13 @@ class _Watchdog:
         try:
             drv.check_health(sentry.device)
         except AiocudasemError as exc:
-            if isinstance(exc, DeviceFaultError):
-                _log.device_fault(drv, sentry.device, exc)
             with self._lock:
                 notifiers = list(sentry.notifiers)
             for n in notifiers:
                 n._fault_detected()
+            # After the wake-ups: a slow log handler must not delay them.
+            if isinstance(exc, DeviceFaultError):
+                _log.device_fault(drv, sentry.device, exc)
         except Exception:
             pass
 

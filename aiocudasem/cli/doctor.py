@@ -143,9 +143,14 @@ def _self_check(drv: Driver) -> str | None:
         return problem
     finally:
         logger.removeHandler(collect)
+    how = (
+        "a host function woke the loop"
+        if stats.fired
+        else "its first queries found the work complete, no host function needed"
+    )
     print(
-        f"{'self-check':>14}: a wait on the {drv.name} driver went through the notifier in "
-        f"{took * 1e6:.0f} us"
+        f"{'self-check':>14}: a wait on the {drv.name} driver completed in "
+        f"{took * 1e6:.0f} us ({how})"
     )
     print(
         f"{'statistics':>14}: in that loop: completed {stats.completed}, faulted "
