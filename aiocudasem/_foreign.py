@@ -10,9 +10,10 @@ whatever ``configure(wake=...)`` says, since there is no work stream to launch i
 A stream's points come in stream order, so a later point never completes before the chain's
 head. An event's records need not: a wait abandoned while its host function is armed leaves
 that host function (and its side stream's wait) behind the old record, which may never
-complete, and the event may be recorded again. So such a wait *retires* its key: the key also
-carries a generation, and later waits on the event take a new one, with a new chain and a new
-side stream. The generations are process-wide, since side streams outlive an event loop.
+complete, and the event may be recorded again. So every abandoned wait (cancelled, or ended by
+its loop's shutdown) *retires* its key: the key also carries a generation, and later waits on
+the event take a new one, with a new chain and a new side stream. The generations are
+process-wide, since side streams outlive an event loop.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ def _key(driver: Driver, handle: int, device: int) -> int:
 
 
 def _retire(driver: Driver, handle: int, device: int) -> None:
-    """A wait on the event was abandoned with its host function armed: later waits take a
-    new key (see the module's docstring)."""
+    """A wait on the event was abandoned, perhaps with its host function armed: later waits
+    take a new key (see the module's docstring)."""
     with _lock:
         table = _retired.setdefault(driver, OrderedDict())
         table[(handle, device)] = next(_generations)
@@ -137,7 +138,10 @@ async def wait_event(
     try:
         await current_notifier().wait(point)
     except BaseException:
-        if point.token and not point.done:  # abandoned, its host function still armed
+        # Abandoned (cancelled, or its loop shutting down, which disarms the point first):
+        # its host function may still be queued behind this record. Retiring a key that had
+        # none only costs the next wait a new side stream.
+        if not point.done:
             _retire(drv, handle, device)
         raise
 
