@@ -14,15 +14,7 @@ from typing import Final
 import anyio.lowlevel
 
 from ._driver import Driver
-from ._errors import AiocudasemError
-from ._notifier import (
-    Point,
-    current_notifier,
-    destroy_stream,
-    event_pool,
-    host_wait_streams,
-    take_event,
-)
+from ._notifier import wait_private_stream
 from ._semaphore import resolve_driver
 
 __all__ = ("ready",)
@@ -80,38 +72,19 @@ async def ready(array: object, *, driver: Driver | str | None = None) -> None:
             f"{type(array).__name__} is on {_CUDA_DEVICES[kind]} device {ordinal}, which does "
             f"not exist here: {count} device(s)"
         )
-    await anyio.lowlevel.checkpoint_if_cancelled()
-    notifier = current_notifier()
-    stream = host_wait_streams.take(drv, ordinal)
-    done = False
-    try:
+    name = type(array).__name__
+
+    def export_to(stream: int) -> None:
         try:
             capsule = export(stream=stream)
         except TypeError as exc:
             raise TypeError(
-                f"{type(array).__name__}.__dlpack__ takes no stream, so it cannot order its "
-                "work before one of ours; await its library's stream with wait_stream()"
+                f"{name}.__dlpack__ takes no stream, so it cannot order its work before one of "
+                "ours; await its library's stream with wait_stream()"
             ) from exc
         del capsule  # never consumed: its destructor frees the export
-        pool = event_pool.free_list(drv, ordinal)
-        event = take_event(drv, ordinal, pool)
-        try:
-            drv.event_record(event, stream)
-        except BaseException:
-            pool.append(event)
-            raise
-        await notifier.wait(Point(drv, ordinal, stream, event, pool))
-        done = True
-    finally:
-        if done:
-            host_wait_streams.give(drv, ordinal, stream)
-        else:
-            # Cancelled or failed: the stream may wait for the producer's work for a long
-            # time, so it is not reused.
-            try:
-                destroy_stream(drv, stream)
-            except AiocudasemError:
-                pass  # a faulted device: the stream is gone with its context
+
+    await wait_private_stream(drv, ordinal, export_to)
 
 
 def _device(value: object, name: str) -> tuple[int, int]:

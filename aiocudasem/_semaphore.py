@@ -17,17 +17,10 @@ import anyio.to_thread
 
 from . import _release
 from ._driver import Driver, SemaphoreDesc, SemOp, get_driver
-from ._errors import AiocudasemError, CudaError, UnsupportedHandleTypeError
+from ._errors import CudaError, UnsupportedHandleTypeError
 from ._handles import HandleInfo, HandleType, info
 from ._lifetime import OnDevice
-from ._notifier import (
-    Point,
-    current_notifier,
-    destroy_stream,
-    event_pool,
-    host_wait_streams,
-    take_event,
-)
+from ._notifier import wait_private_stream
 
 if TYPE_CHECKING:
     from typing import Self
@@ -477,28 +470,8 @@ def check_same_device(entries: tuple[Wait | Signal, ...], driver: Driver, device
 
 async def _host_wait(entries: list[Wait]) -> None:
     sem = entries[0].semaphore
-    drv, device = sem._driver, sem._device
+    drv = sem._driver
     ops = [e._op() for e in entries]
-    await anyio.lowlevel.checkpoint_if_cancelled()
-    notifier = current_notifier()
-    stream = host_wait_streams.take(drv, device)
-    done = False
-    try:
-        drv.enqueue_semaphore_waits(ops, stream)
-        pool = event_pool.free_list(drv, device)
-        event = take_event(drv, device, pool)
-        try:
-            drv.event_record(event, stream)
-        except BaseException:
-            pool.append(event)
-            raise
-        await notifier.wait(Point(drv, device, stream, event, pool))
-        done = True
-    finally:
-        if done:
-            host_wait_streams.give(drv, device, stream)
-        else:
-            try:
-                destroy_stream(drv, stream)
-            except AiocudasemError:
-                pass  # a faulted device: the stream is gone with its context
+    await wait_private_stream(
+        drv, sem._device, lambda stream: drv.enqueue_semaphore_waits(ops, stream)
+    )

@@ -30,7 +30,7 @@ side streams), ``_points``, ``_wake`` (wake strategies), ``_watchdog``, ``_loop`
 
 from __future__ import annotations
 
-from ._loop import Notifier, current_notifier
+from ._loop import Notifier, current_notifier, wait_private_stream
 from ._points import Point
 from ._pools import destroy_stream, event_pool, host_wait_streams, side_streams, take_event
 from ._statistics import Statistics, statistics
@@ -49,4 +49,5 @@ __all__ = (
     "side_streams",
     "statistics",
     "take_event",
+    "wait_private_stream",
 )

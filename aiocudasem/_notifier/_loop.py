@@ -31,7 +31,7 @@ from .. import _log, _notify, _release
 from .._errors import AiocudasemError, DeviceFaultError
 from . import _tuning
 from ._points import Point
-from ._pools import give_back
+from ._pools import destroy_stream, event_pool, give_back, host_wait_streams, take_event
 from ._wake import STRATEGIES as _STRATEGIES
 from ._watchdog import _watchdog
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
     from .._driver import Driver
 
-__all__ = ("Notifier", "current_notifier", "running_notifier")
+__all__ = ("Notifier", "current_notifier", "running_notifier", "wait_private_stream")
 
 
 class Notifier:
@@ -538,6 +538,38 @@ async def _lifetime(ref: weakref.ref[Notifier]) -> AsyncGenerator[None, None]:
 _live_notifiers: weakref.WeakSet[Notifier] = weakref.WeakSet()
 
 _NOTIFIER: anyio.lowlevel.RunVar[Notifier] = anyio.lowlevel.RunVar("aiocudasem_notifier")
+
+
+async def wait_private_stream(
+    driver: Driver, device: int, enqueue: Callable[[int], object]
+) -> None:
+    """Take a private stream of ``device`` (the host-wait pool), let ``enqueue(stream)`` put
+    GPU work or waits on it, and wait until the stream has passed them. A stream whose wait
+    completed goes back to the pool; one whose wait was cancelled or failed may stay blocked,
+    so it is destroyed. A checkpoint. Used by host-side semaphore waits and by ``ready()``."""
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    notifier = current_notifier()
+    stream = host_wait_streams.take(driver, device)
+    done = False
+    try:
+        enqueue(stream)
+        pool = event_pool.free_list(driver, device)
+        event = take_event(driver, device, pool)
+        try:
+            driver.event_record(event, stream)
+        except BaseException:
+            pool.append(event)
+            raise
+        await notifier.wait(Point(driver, device, stream, event, pool))
+        done = True
+    finally:
+        if done:
+            host_wait_streams.give(driver, device, stream)
+        else:
+            try:
+                destroy_stream(driver, stream)
+            except AiocudasemError:
+                pass  # a faulted device: the stream is gone with its context
 
 
 def running_notifier() -> Notifier | None:
