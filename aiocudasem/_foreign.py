@@ -29,7 +29,7 @@ import anyio.lowlevel
 
 from ._driver import Driver
 from ._notifier import Point, current_notifier
-from ._semaphore import resolve_driver
+from ._semaphore import check_device, check_ordinal, resolve_driver
 from ._stream import Event, Stream
 
 __all__ = ("foreign_key", "wait_event")
@@ -120,14 +120,12 @@ async def wait_event(
     handle, found = _event_handle(event)
     if device is None:
         device = 0 if found is None else found
-    elif not isinstance(device, int) or isinstance(device, bool):
-        raise TypeError(f"device must be an int ordinal, not {type(device).__name__}")
-    elif found is not None and found != device:
-        raise ValueError(f"device={device}, but the event belongs to device {found}")
+    else:
+        check_ordinal(device)
+        if found is not None and found != device:
+            raise ValueError(f"device={device}, but the event belongs to device {found}")
     drv = resolve_driver(driver)
-    count = drv.device_count()
-    if not 0 <= device < count:
-        raise ValueError(f"device {device} does not exist: {count} device(s)")
+    check_device(drv, device)
     if device >> _DEVICE_BITS:
         raise ValueError(f"device ordinals up to {(1 << _DEVICE_BITS) - 1} are supported")
     if handle == 0:

@@ -51,6 +51,21 @@ def resolve_driver(driver: Driver | str | None) -> Driver:
     return driver
 
 
+def check_ordinal(device: object) -> int:
+    """``device`` as a device ordinal: ``TypeError`` for anything but an int (a bool
+    included)."""
+    if not isinstance(device, int) or isinstance(device, bool):
+        raise TypeError(f"device must be an int ordinal, not {type(device).__name__}")
+    return device
+
+
+def check_device(driver: Driver, device: int) -> None:
+    """``ValueError`` unless ``driver`` has a device ``device``."""
+    count = driver.device_count()
+    if not 0 <= device < count:
+        raise ValueError(f"device {device} does not exist: {count} device(s)")
+
+
 def check_uint(name: str, value: object, bound: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
@@ -228,15 +243,13 @@ def import_semaphore(
         raise ValueError(
             f"unknown handle type {handle_type!r}: use a member of aiocudasem.HandleType"
         ) from None
-    if not isinstance(device, int) or isinstance(device, bool):
-        raise TypeError(f"device must be an int ordinal, not {type(device).__name__}")
+    check_ordinal(device)
     if device < 0:
         raise ValueError(f"device must be an ordinal >= 0, not {device}")
     desc, name_buf = _descriptor(kind, handle, name)
     drv = resolve_driver(driver)
     _release.flush()
-    if device >= drv.device_count():
-        raise ValueError(f"device {device} does not exist: {drv.device_count()} device(s)")
+    check_device(drv, device)
     try:
         sem = drv.import_semaphore(device, desc)
     except CudaError as exc:

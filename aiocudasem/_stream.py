@@ -26,6 +26,8 @@ from ._semaphore import (
     _E,
     Signal,
     Wait,
+    check_device,
+    check_ordinal,
     check_same_device,
     driver_label,
     entry_list,
@@ -460,17 +462,14 @@ def open_stream(
     :class:`DriverUnavailableError` if the driver cannot run, and :class:`CudaError` (or
     :class:`DeviceFaultError` after a device fault) if the driver fails to create the stream.
     """
-    if not isinstance(device, int) or isinstance(device, bool):
-        raise TypeError(f"device must be an int ordinal, not {type(device).__name__}")
+    check_ordinal(device)
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise TypeError(f"priority must be an int, not {type(priority).__name__}")
     if not isinstance(non_blocking, bool):
         raise TypeError("non_blocking must be a bool")
     drv = resolve_driver(driver)
     _release.flush()
-    count = drv.device_count()
-    if not 0 <= device < count:
-        raise ValueError(f"device {device} does not exist: {count} device(s)")
+    check_device(drv, device)
     handle = drv.stream_create(device, non_blocking, priority)
     return Stream._create(drv, device, handle, owned=True)
 
