@@ -180,14 +180,11 @@ class SimProducer:
         value that is not an int (``None`` included) and ``ValueError`` for one outside
         [0, 2**64) or for a value given to a binary semaphore."""
         sem = self._sem
-        if sem.binary:
-            if value is not None:
-                raise ValueError("a binary semaphore is signalled without a value: signal()")
-            new = 1
-        elif value is None:
-            raise TypeError("a timeline semaphore is signalled with a value: signal(n)")
-        else:
-            new = _uint("a timeline value", value)
+        new = self._target(
+            value,
+            binary="a binary semaphore is signalled without a value: signal()",
+            timeline="a timeline semaphore is signalled with a value: signal(n)",
+        )
         with self._driver._lock:
             if not sem.stuck:
                 sem.value = new
@@ -199,14 +196,11 @@ class SimProducer:
         ``ValueError`` for a ``value`` as :meth:`signal` does, and for a ``timeout`` that is not
         a number of seconds (or is NaN)."""
         sem = self._sem
-        if sem.binary:
-            if value is not None:
-                raise ValueError("a binary semaphore is waited for without a value")
-            target = 1
-        elif value is None:
-            raise TypeError("a timeline wait needs a value: block_until(n)")
-        else:
-            target = _uint("a timeline value", value)
+        target = self._target(
+            value,
+            binary="a binary semaphore is waited for without a value",
+            timeline="a timeline wait needs a value: block_until(n)",
+        )
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
                 raise TypeError(
@@ -224,6 +218,18 @@ class SimProducer:
             if sem.binary:
                 sem.value = 0
             return True
+
+    def _target(self, value: object, *, binary: str, timeline: str) -> int:
+        """The value a host signal sets or a host wait waits for: 1 for a binary semaphore,
+        which takes no ``value`` (``ValueError`` with ``binary``), else ``value`` as a uint64
+        (``TypeError`` with ``timeline`` when it is missing)."""
+        if self._sem.binary:
+            if value is not None:
+                raise ValueError(binary)
+            return 1
+        if value is None:
+            raise TypeError(timeline)
+        return _uint("a timeline value", value)
 
     def set_stuck(self, stuck: bool = True) -> None:
         """Model a producer that died: while stuck, no signal (host or GPU) changes the value."""
