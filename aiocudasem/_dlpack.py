@@ -48,20 +48,21 @@ async def ready(array: object, *, driver: Driver | str | None = None) -> None:
     stream or ignores it, ``ValueError`` for a device that is neither the CPU nor CUDA, or for
     a device ordinal that does not exist, and what the producer's ``__dlpack__`` raises.
     """
+    name = type(array).__name__
     device_of = getattr(array, "__dlpack_device__", None)
     export = getattr(array, "__dlpack__", None)
     if device_of is None or export is None:
         raise TypeError(
-            f"{type(array).__name__} does not implement DLPack (__dlpack__ and "
-            "__dlpack_device__): await aiocudasem.wait_stream() or wait_event() instead"
+            f"{name} does not implement DLPack (__dlpack__ and __dlpack_device__): await "
+            "aiocudasem.wait_stream() or wait_event() instead"
         )
-    if type(array).__module__.partition(".")[0] == "cuda" and "core" in type(array).__module__:
+    if type(array).__module__.startswith("cuda.core"):
         raise TypeError(
-            f"{type(array).__name__} of cuda.core ignores the stream passed to __dlpack__, so it "
-            "cannot say when its data is ready: await the stream that wrote it with "
+            f"{name} of cuda.core ignores the stream passed to __dlpack__, so it cannot say "
+            "when its data is ready: await the stream that wrote it with "
             "aiocudasem.wait_stream()"
         )
-    kind, ordinal = _device(device_of(), type(array).__name__)
+    kind, ordinal = _device(device_of(), name)
     if kind == _CPU:
         await anyio.lowlevel.checkpoint()
         return
@@ -69,10 +70,9 @@ async def ready(array: object, *, driver: Driver | str | None = None) -> None:
     count = drv.device_count()
     if not 0 <= ordinal < count:
         raise ValueError(
-            f"{type(array).__name__} is on {_CUDA_DEVICES[kind]} device {ordinal}, which does "
-            f"not exist here: {count} device(s)"
+            f"{name} is on {_CUDA_DEVICES[kind]} device {ordinal}, which does not exist "
+            f"here: {count} device(s)"
         )
-    name = type(array).__name__
 
     def export_to(stream: int) -> None:
         try:

@@ -246,19 +246,19 @@ class Notifier:
             point._release_event()
 
     def _finish(self, point: Point, error: AiocudasemError | None) -> None:
-        fault = False
+        fault = None
         if not point.done:
             if error is None:
                 self._completed += 1
             elif isinstance(error, DeviceFaultError):
                 self._faulted += 1
-                fault = True
+                fault = error
         point._finish(error)
         if point is self._drain_point and self._drain_scope is not None:
             # The drainer sleeps on the fd, not on its sleeper: wake it so that it can leave.
             self._drain_scope.cancel()
-        if fault and error is not None:  # after the wake-ups, as the watchdog does
-            _log.device_fault(point.driver, point.device, error)
+        if fault is not None:  # after the wake-ups, as the watchdog does
+            _log.device_fault(point.driver, point.device, fault)
 
     def _query(self, point: Point) -> bool:
         try:
