@@ -29,7 +29,9 @@ DRIVERS = ["sim", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "AIOCUDASEM_DRIVER"}
-    env["PYTHONPATH"] = str(ROOT)  # this tree's package, not an installed one
+    # This tree's package first, not an installed one; what was on the path stays after it (a
+    # machine may carry its dependencies there rather than in site-packages).
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return {**env, **extra}
 
 
