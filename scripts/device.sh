@@ -2,10 +2,11 @@
 # Prepare a bare GPU machine, check it, and run the GPU suite, the simulated device's storm at
 # full size and the demo (with --bench, the benchmarks too), all in one call.
 #
-#   bash scripts/device.sh [--bench] [--scenarios] [--smoke FILE] [-- extra pytest args]
+#   bash scripts/device.sh [--bench] [--scenarios] [--no-storm] [--smoke FILE] [-- extra pytest args]
 #
 #   --scenarios   run only the reliability scenarios: tests/gpu/test_reliability.py (in-process
 #                 on the three loops, plain anyio.run in fresh processes, SIGINT) and the sim storm
+#   --no-storm    leave out the simulated device's storm (it needs no GPU; CI runs it smaller)
 #   --smoke FILE  prepare the machine, then run only that Python script
 #   --bench       also run the benchmarks after the demo (outside the budget below: lower
 #                 DEVICE_BUDGET_S to leave them room within the device's per-call limit)
@@ -21,11 +22,12 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 : > "$OUT/summary.txt"
-bench=0; smoke=""; scenarios=0
+bench=0; smoke=""; scenarios=0; storm=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --bench) bench=1; shift ;;
     --scenarios) scenarios=1; shift ;;
+    --no-storm) storm=0; shift ;;
     --smoke) smoke=$2; shift 2 ;;
     --) shift; break ;;
     *) break ;;
@@ -158,7 +160,7 @@ export AIOCUDASEM_SCENARIO_LOG=$OUT/scenarios.jsonl
 : > "$AIOCUDASEM_SCENARIO_LOG"
 status=0
 demo_reserve=$(( scenarios ? 0 : 50 ))  # seconds kept for the demo
-storm_reserve=150  # and for the sim storm (6 runs of 100000 cycles)
+storm_reserve=$(( storm ? 150 : 0 ))  # and for the sim storm (6 runs of 100000 cycles)
 if [ "$scenarios" = 1 ]; then
   echo "== reliability scenarios on the GPU"
   suite=(-m gpu tests/gpu/test_reliability.py)
@@ -173,14 +175,18 @@ suite_note=""
 [ "$rc" = 0 ] || status=1
 [ "$rc" = 124 ] && suite_note=" (OUT OF TIME: interrupted)"
 
-echo "== reliability storm on the simulated device, 100000 cycles"
-AIOCUDASEM_STORM_CYCLES=100000 limited $(( $(left) - demo_reserve )) python3 -m pytest \
-  -p no:cacheprovider -v --durations=10 tests/test_reliability_sim.py -k storm 2>&1 \
-  | tee "$OUT/sim-storm.log"
-rc=${PIPESTATUS[0]}
 storm_note=""
-[ "$rc" = 0 ] || status=1
-[ "$rc" = 124 ] && storm_note=" (OUT OF TIME: interrupted)"
+if [ "$storm" = 1 ]; then
+  echo "== reliability storm on the simulated device, 100000 cycles"
+  AIOCUDASEM_STORM_CYCLES=100000 limited $(( $(left) - demo_reserve )) python3 -m pytest \
+    -p no:cacheprovider -v --durations=10 tests/test_reliability_sim.py -k storm 2>&1 \
+    | tee "$OUT/sim-storm.log"
+  rc=${PIPESTATUS[0]}
+  [ "$rc" = 0 ] || status=1
+  [ "$rc" = 124 ] && storm_note=" (OUT OF TIME: interrupted)"
+else
+  echo "no storm run (--no-storm)" > "$OUT/sim-storm.log"
+fi
 
 demo="skipped"
 if [ "$scenarios" = 0 ]; then
@@ -200,6 +206,8 @@ fi
 echo "== scenario figures ($OUT/scenarios.jsonl)"
 python3 -c 'import sys; from tests.scenarios import summarize; summarize(sys.argv[1])' \
   "$AIOCUDASEM_SCENARIO_LOG" 2>&1 | tee -a "$OUT/summary.txt"
-summary="SUMMARY: gpu $( [ "$scenarios" = 1 ] && echo scenarios || echo suite ): $(counts "$OUT/gpu-tests.log")$suite_note | sim storm x100000: $(counts "$OUT/sim-storm.log")$storm_note | demo: $demo | ${SECONDS}s | exit $status"
+storm_counts="not run (--no-storm)"
+[ "$storm" = 1 ] && storm_counts="$(counts "$OUT/sim-storm.log")$storm_note"
+summary="SUMMARY: gpu $( [ "$scenarios" = 1 ] && echo scenarios || echo suite ): $(counts "$OUT/gpu-tests.log")$suite_note | sim storm x100000: $storm_counts | demo: $demo | ${SECONDS}s | exit $status"
 echo "$summary" | tee -a "$OUT/summary.txt"
 exit $status
