@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 import warnings
 from functools import partial
 from typing import TYPE_CHECKING, Final, overload
@@ -41,15 +42,12 @@ if TYPE_CHECKING:
 
 __all__ = ("Event", "HandOff", "Stream", "open_stream", "wait_external_semaphores", "wait_stream")
 
-#: After wait_complete() finds its stream busy, the next this many skip the idle check (a
-#: cuStreamQuery that saves recording an event when the stream is idle): a stream that was busy
-#: is likely to be busy again.
-_IDLE_CHECK_SKIPS = 15
-#: Handles 0, 1 and 2 (the default, legacy and per-thread default streams) never take the idle
-#: shortcut: an event recorded on the legacy stream also waits for the work of every blocking
-#: stream, which cuStreamQuery of it may not.
+#: Handles 0, 1 and 2 (the default, legacy and per-thread default streams) are never waited
+#: for with cuStreamQuery: an event recorded on the legacy stream also waits for the work of
+#: every blocking stream, which cuStreamQuery of it may not.
 _DEFAULT_STREAMS = 2
 _U64: Final = 1 << 64
+_clock = time.perf_counter
 
 
 class Stream(OnDevice):
@@ -64,10 +62,9 @@ class Stream(OnDevice):
     always checkpoints.
     """
 
-    __slots__ = ("_events", "_owned", "_skip_idle_checks")
+    __slots__ = ("_events", "_owned")
     _events: list[int]
     _owned: bool
-    _skip_idle_checks: int
     _factory = "use aiocudasem.open_stream() or Stream.adopt() to get a Stream"
     _noun = "stream"
 
@@ -77,7 +74,6 @@ class Stream(OnDevice):
         self._driver = driver
         self._device = device
         self._owned = owned
-        self._skip_idle_checks = 0
         self._events = event_pool.free_list(driver, device)
         self._own(handle, partial(destroy_stream, driver, handle) if owned else None)
         return self
@@ -221,20 +217,38 @@ class Stream(OnDevice):
         """Wait until all work enqueued so far on this stream has completed.
 
         A checkpoint. Cancelling abandons the wait only: the GPU work goes on and the stream
-        stays usable. Raises :class:`DeviceFaultError` if the device faults meanwhile.
+        stays usable. Raises :class:`DeviceFaultError` if the device faults meanwhile, and
+        ``anyio.ClosedResourceError`` if another task closes the stream while this one waits.
+
+        The wait may also cover work that other tasks enqueue on the stream during its first
+        checkpoint, never later work: it never ends early, and ends late by at most that.
         """
         handle = self.handle
         drv = self._driver
         notifier = current_notifier()
-        if self._skip_idle_checks > 0:
-            self._skip_idle_checks -= 1
-        elif handle > _DEFAULT_STREAMS and drv.stream_query(handle):
-            # Idle: everything enqueued so far has completed. No event, only the checkpoint.
-            await notifier.checkpoint()
-            return
-        else:  # busy: likely busy again next time, so look again only every few waits
-            self._skip_idle_checks = _IDLE_CHECK_SKIPS
         pool = self._events
+        if handle > _DEFAULT_STREAMS:
+            # The checkpoint first, then one cuStreamQuery: most short work is done by then,
+            # and such an await costs no event. Only a stream still busy gets one, recorded
+            # now; it captures at most what was enqueued during the checkpoint besides.
+            started = _clock()
+            await notifier.checkpoint()
+            if not self._finalizer.alive:
+                self.handle  # noqa: B018 - closed by another task: ClosedResourceError
+            if drv.stream_query(handle):
+                notifier._completed += 1
+                notifier._learn(drv, handle, _clock() - started)
+                return
+            event = take_event(drv, self._device, pool)
+            try:
+                drv.event_record(event, handle)
+            except BaseException:
+                pool.append(event)
+                raise
+            await notifier.wait_recorded(drv, self._device, handle, event, pool, started)
+            return
+        # The default streams always record first: an event recorded on the legacy stream
+        # also waits for the work of every blocking stream, which cuStreamQuery may not.
         event = take_event(drv, self._device, pool)
         try:
             drv.event_record(event, handle)

@@ -195,7 +195,7 @@ def test_observability() -> None:
     ), proc.stdout
     assert lines[1].startswith("after they woke: parked 0, spinning 0, completed 8, faulted 0")
     assert lines[2].startswith("a waiter got DeviceFaultError: ")
-    assert lines[3].startswith("after the fault: parked 0, spinning 0, completed 8, faulted 1")
+    assert lines[3].startswith("after the fault: parked 0, spinning 0, completed 9, faulted 1")
     assert "faults seen 1" in lines[3]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("log: ERROR")]
     assert len(errors) == 1, proc.stderr

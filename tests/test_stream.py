@@ -65,6 +65,54 @@ async def test_wait_complete_records_an_event_only_on_a_busy_stream(
         assert s.query()
 
 
+async def test_wait_complete_never_waits_for_work_enqueued_after_it_parked(
+    sim: SimDriver,
+) -> None:
+    """The event of a busy stream's wait is recorded after the first checkpoint, before the
+    wait parks: work enqueued once the waiter sleeps does not delay it."""
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        woke = anyio.Event()
+
+        async def waiter() -> None:
+            await s.wait_complete()
+            woke.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await anyio.wait_all_tasks_blocked()
+            later = hold(s)  # enqueued while the waiter is parked
+            gate.set()
+            with anyio.fail_after(5):
+                await woke.wait()
+            assert not s.query()  # the later work still runs: the wait did not cover it
+            later.set()
+
+
+async def test_wait_complete_fails_clearly_if_another_task_closes_the_stream(
+    sim: SimDriver,
+) -> None:
+    """Closed by another task during the wait's first checkpoint: the wait raises
+    ClosedResourceError instead of querying a destroyed stream's handle."""
+    s = acs.open_stream(driver=sim)
+    gate = hold(s)
+    errors: list[BaseException] = []
+
+    async def waiter() -> None:
+        try:
+            await s.wait_complete()
+        except anyio.ClosedResourceError as exc:
+            errors.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.lowlevel.checkpoint()  # the waiter reaches its first checkpoint
+        s.close()  # and is still there: it resumes after this
+    gate.set()
+    assert len(errors) == 1
+    assert "closed" in str(errors[0])
+
+
 async def test_event_wait_and_query(sim: SimDriver) -> None:
     async with acs.open_stream(driver=sim) as s:
         gate = hold(s)

@@ -5,13 +5,13 @@ closes a notifier when its loop ends."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import os
 import threading
 import time
+import types
 import weakref
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -142,18 +142,26 @@ class Notifier:
     # ------------------------------------------------------------------ waiting
 
     async def wait_recorded(
-        self, driver: Driver, device: int, stream: int, event: int, pool: list[int]
+        self,
+        driver: Driver,
+        device: int,
+        stream: int,
+        event: int,
+        pool: list[int],
+        started: float | None = None,
     ) -> None:
         """Wait for ``event``, just recorded on ``stream`` and taken from ``pool``, where it
         goes back afterwards (``Stream.wait_complete``). The same as :meth:`wait` on a new
         point, but the spin phase runs here, on the raw event, and a point is made only to
         park: most awaits of short work never make one, and each round of the spin resumes as
-        few frames as possible."""
+        few frames as possible. ``started``: the wait already passed its first checkpoint,
+        which began then (a ``time.perf_counter()``)."""
         clock = time.perf_counter
-        started = clock()
         query = driver.event_query
         try:
-            await self.checkpoint()
+            if started is None:
+                started = clock()
+                await self.checkpoint()
             ready = query(event)
             if not ready and self._spinners < _tuning.current.max_spinners:
                 deadline = started + self._spin_window(driver, stream)
@@ -667,13 +675,21 @@ def _running_check(library: str | None, token: object) -> Callable[[], bool]:
     return _never
 
 
+@types.coroutine
+def _yield_to_asyncio() -> Generator[None, None, None]:
+    """What ``asyncio.sleep(0)`` does, without the coroutine around it: a bare ``yield``,
+    which the task takes as "run me again on the next pass of the loop"."""
+    yield
+
+
 def _checkpoint_of(
     library: str | None, backend: type[AsyncBackend]
 ) -> Callable[[], Awaitable[Any]]:
     """The backend's checkpoint, called natively where it is known to be exactly what anyio's
-    runs (asyncio: ``asyncio.sleep(0)``; trio: ``trio.lowlevel.checkpoint()``)."""
+    runs (asyncio: the bare ``yield`` of ``asyncio.sleep(0)``; trio:
+    ``trio.lowlevel.checkpoint()``)."""
     if library == "asyncio":
-        return functools.partial(asyncio.sleep, 0)
+        return _yield_to_asyncio
     if library == "trio":
         import trio
 

@@ -43,8 +43,8 @@ class Statistics:
     watched: int = 0
     #: Times this loop's drainer woke from its fd.
     drainer_wakeups: int = 0
-    #: Waits of this loop that saw their work complete (a point awaited by several coroutines
-    #: counts once).
+    #: Waits of this loop that saw their work complete, an await of an idle stream included (a
+    #: point awaited by several coroutines counts once).
     completed: int = 0
     #: Points of this loop that a device fault ended with :class:`DeviceFaultError`.
     faulted: int = 0
