@@ -8,7 +8,7 @@ import ctypes
 import dataclasses
 import importlib.metadata
 import itertools
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ClassVar
 
 import anyio
@@ -34,6 +34,13 @@ class Approach:
 
     async def wait(self, h: int) -> None:
         raise NotImplementedError
+
+    def waiter(self, h: int) -> Callable[[], Awaitable[None]]:
+        """What the throughput loop awaits for stream ``h``, made once per stream, as its
+        users would hold it: a polling loop written out, a library's bound method. No
+        approach pays a per-await lookup of the benchmark's own."""
+        wait = self.wait
+        return lambda: wait(h)
 
     def setup(self) -> None:
         """Called once before this approach's measurements."""
@@ -64,6 +71,15 @@ class PollSleep0(Approach):
         q = self.drv.stream_query
         while not q(h):
             await asyncio.sleep(0)
+
+    def waiter(self, h: int) -> Callable[[], Awaitable[None]]:
+        q = self.drv.stream_query
+
+        async def wait() -> None:
+            while not q(h):
+                await asyncio.sleep(0)
+
+        return wait
 
 
 class PollSleep1ms(Approach):
@@ -128,6 +144,9 @@ class Aiocudasem(Approach):
 
     async def wait(self, h: int) -> None:
         await self.stream(h).wait_complete()
+
+    def waiter(self, h: int) -> Callable[[], Awaitable[None]]:
+        return self.stream(h).wait_complete
 
     def enqueue(self, h: int) -> acs.Event:
         """For the stall test: an event behind the work, which a task then awaits."""

@@ -7,7 +7,7 @@ import os
 import resource
 import statistics
 import time
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, Final
 
 import anyio
@@ -108,9 +108,10 @@ class Bench:
 
         async def loop(h: int) -> None:
             nonlocal count
+            wait = ap.waiter(h)
             while time.perf_counter() < deadline:
                 self.launch(h, 0)
-                await ap.wait(h)
+                await wait()
                 count += 1
 
         t0 = time.perf_counter()
@@ -328,8 +329,18 @@ async def run_trio(b: Bench, repeats: int, names: Collection[str] = TRIO_APPROAC
         name, label = "poll0", "poll + trio.sleep(0)"
 
         async def wait(self, h: int) -> None:
-            while not self.drv.stream_query(h):
+            q = self.drv.stream_query
+            while not q(h):
                 await trio.lowlevel.checkpoint()
+
+        def waiter(self, h: int) -> Callable[[], Awaitable[None]]:
+            q, checkpoint = self.drv.stream_query, trio.lowlevel.checkpoint
+
+            async def wait() -> None:
+                while not q(h):
+                    await checkpoint()
+
+            return wait
 
     class TrioToThread(Approach):
         name, label = "to_thread", "trio.to_thread.run_sync(synchronize)"
