@@ -5,7 +5,8 @@ The benchmark's throughput loop (one task per stream: launch an empty kernel, aw
 1 and 8 streams, on asyncio and trio, in three passes per approach:
 
 - timed: awaits per second, nothing instrumented;
-- counted: checkpoints (yields to the loop) and parks (host functions armed) per await;
+- counted: checkpoints (yields to the loop), events recorded (the stream was still busy after
+  the first checkpoint) and parks (host functions armed) per await;
 - the parts: each step of an await timed alone with ``timeit``, on the same driver.
 
 It also reports how long an empty kernel takes from its launch to the stream going idle, timed
@@ -72,9 +73,18 @@ class Probe:
         drv, launch = self.drv, self.launch
         count = yields = 0
         nf = current_notifier()
-        parks = 0
+        parks = records = 0
         saved_checkpoint, saved_arm = nf.checkpoint, nf._arm
+        had_record = "event_record" in vars(drv)  # the real driver binds its C call there
+        saved_record = drv.event_record
         if counted:
+
+            def counting_record(event: int, stream: int) -> None:
+                nonlocal records
+                records += 1
+                saved_record(event, stream)
+
+            drv.event_record = counting_record  # type: ignore[method-assign]
 
             def counting_checkpoint() -> Awaitable[Any]:
                 nonlocal yields
@@ -117,12 +127,17 @@ class Probe:
                     tg.start_soon(poll if kind == "poll" else lib, h)
         finally:
             nf.checkpoint, nf._arm = saved_checkpoint, saved_arm  # type: ignore[method-assign]
+            if had_record:
+                drv.event_record = saved_record  # type: ignore[method-assign]
+            else:
+                vars(drv).pop("event_record", None)
         dt = time.perf_counter() - t0
         return {
             "per_s": count / dt,
             "us": dt / max(count, 1) * 1e6,
             "yields": yields / max(count, 1),
             "parks": parks / max(count, 1),
+            "records": records / max(count, 1),
         }
 
     def kernel_idle_us(self, reps: int = 2000) -> list[float]:
@@ -206,8 +221,11 @@ async def run_backend(probe: Probe, seconds: float, rounds: int) -> None:
                 us = statistics.median(r["us"] for r in runs)
                 extra = ""
                 if counted:
-                    yields, parks = runs[0]["yields"], runs[0]["parks"]
-                    extra = f"  yields/await {yields:.2f}  parks/await {parks:.4f}"
+                    r = runs[0]
+                    extra = (
+                        f"  per await: yields {r['yields']:.2f}, events {r['records']:.2f}, "
+                        f"parks {r['parks']:.4f}"
+                    )
                 tag = "counted" if counted else "timed  "
                 say(
                     f"  {tag} {n} stream(s) {kind:10} {med / 1e3:6.1f}k/s "
