@@ -167,8 +167,8 @@ def _event_handle(event: object) -> tuple[int, int | None]:
     if kind == "CUevent" and hasattr(event, "__int__"):  # cuda-bindings' handle type
         return _pointer(event, "the CUevent", zero_ok=False), None
     raise TypeError(
-        f"cannot wait for a {kind}: pass a torch.cuda.Event, a cupy.cuda.Event, a cuda.core "
-        "Event, a CUevent, a raw CUevent handle (int) or an aiocudasem Event"
+        f"cannot wait for an instance of {kind}: pass a torch.cuda.Event, a cupy.cuda.Event, "
+        "a cuda.core Event, a CUevent, a raw CUevent handle (int) or an aiocudasem Event"
     )
 
 

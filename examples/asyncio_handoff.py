@@ -93,5 +93,10 @@ if __name__ == "__main__":
         parser.error("need 1 <= --consumers <= --frames")
     try:
         asyncio.run(main(args.driver, args.frames, args.consumers))
-    except (acs.DriverUnavailableError, TimeoutError) as exc:
+    except acs.DriverUnavailableError as exc:
+        sys.exit(
+            f"failed: the CUDA driver cannot be used: {exc.reason} (--driver sim runs it "
+            "on the simulated device)"
+        )
+    except TimeoutError as exc:
         sys.exit(f"failed: {type(exc).__name__}: {exc}")

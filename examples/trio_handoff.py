@@ -99,5 +99,10 @@ if __name__ == "__main__":
         parser.error("need 1 <= --consumers <= --frames")
     try:
         trio.run(main, args.driver, args.frames, args.consumers)
-    except (acs.DriverUnavailableError, trio.TooSlowError) as exc:
+    except acs.DriverUnavailableError as exc:
+        sys.exit(
+            f"failed: the CUDA driver cannot be used: {exc.reason} (--driver sim runs it "
+            "on the simulated device)"
+        )
+    except trio.TooSlowError as exc:
         sys.exit(f"failed: {type(exc).__name__}: {exc}")

@@ -92,4 +92,7 @@ if __name__ == "__main__":
     try:
         asyncio.run(serve(args.driver, args.host, args.port, args.streams))
     except acs.DriverUnavailableError as exc:
-        sys.exit(f"failed: {exc}")
+        sys.exit(
+            f"failed: the CUDA driver cannot be used: {exc.reason} (--driver sim serves "
+            "from the simulated device)"
+        )

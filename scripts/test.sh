@@ -4,8 +4,9 @@
 #     format --check) and types (mypy --strict) on the source tree.
 #  2. Build the documentation site strictly (scripts/docs.sh, in its own .venv-docs): a broken
 #     link or an API reference entry that does not resolve fails.
-#  3. Build the sdist, and the wheel from it (python -m build); a setuptools deprecation banner
-#     fails the build step, and so does a tracked file missing from the sdist.
+#  3. Build the sdist, and the wheel from it (python -m build), and keep both in dist/; a
+#     setuptools deprecation banner fails the build step, and so does a tracked file missing
+#     from the sdist.
 #  4. Install the wheel with its test extra into a fresh .venv-wheel and run the CPU suite, on
 #     asyncio, asyncio+uvloop and trio, once, against that installed package: pytest runs in a
 #     copy of the unpacked sdist whose aiocudasem/ keeps only data files, so `import aiocudasem`
@@ -42,6 +43,10 @@ fi
 grep '^Successfully built' "$work/build.log"
 sdists=("$work"/dist/*.tar.gz)
 wheels=("$work"/dist/*.whl)
+# Kept for whoever wants to install what was tested: dist/ is ignored by git.
+mkdir -p dist
+cp "${sdists[0]}" "${wheels[0]}" dist/
+echo "kept: dist/$(basename "${sdists[0]}") and dist/$(basename "${wheels[0]}")"
 tar -xzf "${sdists[0]}" -C "$work"
 src=$(find "$work" -mindepth 1 -maxdepth 1 -type d -name 'aiocudasem-*')
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
@@ -81,6 +86,6 @@ case "$imported" in
     ;;
 esac
 
-echo "== pytest (CPU suite, against the installed wheel)"
+echo "== pytest (CPU suite, against the installed wheel; async tests on asyncio, asyncio+uvloop and trio)"
 cd "$src"
 "$root/.venv-wheel/bin/python" -m pytest -m "not gpu" "$@"

@@ -38,7 +38,8 @@ def test_bench_repeats_interleaves_and_reports_spreads(tmp_path: Path) -> None:
     assert names["asyncio"] == [*first, *first[1:], first[0]]
     # --only applies to trio as well: of its approaches, sync and to_thread.
     assert names["trio"] == ["sync", "to_thread", "to_thread", "sync"]
-    assert "trio: 2 approaches, 2 interleaved round(s)" in proc.stdout
+    assert "asyncio: 3 approaches, 2 rounds interleaved" in proc.stdout
+    assert "trio: 2 approaches, 2 rounds interleaved" in proc.stdout
     data = json.loads((out / "results.json").read_text())
     assert data["meta"]["repeats"] == 2
     assert data["meta"]["simulated"] is True
@@ -132,3 +133,31 @@ def test_bench_reports_a_failed_write_of_the_results_in_one_line(
         f"{out / 'results.json'}"
     )
     assert info.value.status == 1
+
+
+def test_bench_without_trio_measures_asyncio_and_says_why_trio_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """trio is not a dependency of the package: without it the benchmark still writes its
+    results, and the page and a warning say why there are no trio figures."""
+
+    async def measure(*args: object) -> None:
+        pass
+
+    async def no_trio(*args: object) -> None:
+        raise AssertionError("trio is not installed: nothing may run on it")
+
+    missing = "the trio event loop needs trio, which is not installed: pip install trio"
+    monkeypatch.setattr(bench, "run_asyncio", measure)
+    monkeypatch.setattr(bench, "run_trio", no_trio)
+    monkeypatch.setattr(bench, "missing_loop", lambda loop: missing if loop == "trio" else None)
+    out = tmp_path / "out"
+    assert bench.main(["--driver", "sim", "--quick", "--only", "sync", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert f"warning: no trio figures: {missing}" in captured.err
+    assert "trio:" not in captured.out
+    page = (out / "performance.md").read_text()
+    assert f"## trio\n\nNot measured: {missing}." in page
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["trio_not_measured"] == missing
+    assert data["summary"]["trio"] == {}

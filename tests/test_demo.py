@@ -85,3 +85,26 @@ def test_cli_doctor() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "notifier" in proc.stdout
     assert "cuda" in proc.stdout
+
+
+@pytest.mark.parametrize(("backend", "package"), [("trio", "trio"), ("asyncio+uvloop", "uvloop")])
+def test_demo_names_the_missing_event_loop_package_in_one_line(
+    backend: str, package: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    from aiocudasem.cli import _common
+    from aiocudasem.cli._common import CommandError
+    from aiocudasem.cli.demo import DemoParams, main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        _common.importlib.util, "find_spec", lambda name: None if name == package else real(name)
+    )
+    with pytest.raises(CommandError) as info:
+        main("sim", backend, DemoParams())
+    assert str(info.value) == (
+        f"--backend {backend}: the {backend} event loop needs {package}, which is not "
+        f"installed: pip install {package}"
+    )
+    assert info.value.status == 1

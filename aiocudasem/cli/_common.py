@@ -4,6 +4,7 @@ errors the command line reports in its own words."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from collections.abc import Callable
@@ -26,6 +27,20 @@ EXIT_USAGE = 2
 EXIT_CLOSED_PIPE = 141
 
 DRIVERS = ("cuda", "sim")
+
+#: The package that each event loop of ``--backend`` needs beyond anyio.
+_LOOP_PACKAGES = {"trio": "trio", "asyncio+uvloop": "uvloop"}
+
+
+def missing_loop(backend: str) -> str | None:
+    """Why the event loop ``backend`` (``asyncio``, ``asyncio+uvloop`` or ``trio``) cannot run
+    here, in the command line's words, or None if it can."""
+    package = _LOOP_PACKAGES.get(backend)
+    if package is None or importlib.util.find_spec(package) is not None:
+        return None
+    return (
+        f"the {backend} event loop needs {package}, which is not installed: pip install {package}"
+    )
 
 
 def exit_statuses(

@@ -43,7 +43,7 @@ from .. import (
 )
 from ..lowlevel import Driver
 from ..testing import SEEN, SimDriver, Workloads, frame_words, workloads
-from ._common import EXIT_USAGE, CommandError, open_driver
+from ._common import EXIT_USAGE, CommandError, missing_loop, open_driver
 
 
 class _Producer(Protocol):
@@ -356,6 +356,9 @@ def main(driver_name: str | None, backend: str, params: DemoParams) -> int:
     def say(msg: str) -> None:
         print(msg, flush=True)
 
+    missing = missing_loop(backend)
+    if missing is not None:
+        raise CommandError(f"--backend {backend}: {missing}")
     driver = open_driver(driver_name, fallback=say)
     count = driver.device_count()
     if not 0 <= params.device < count:

@@ -162,7 +162,7 @@ def _header(meta: dict[str, Any]) -> list[str]:
         f"{meta['host']}. Packages: {packages}.",
         "",
         f"One process, the same streams and the same `%globaltimer` spin kernel for every "
-        f"approach (`aiocudasem bench`), {meta.get('repeats', 1)} rounds interleaved (each "
+        f"approach (`aiocudasem bench`), {rounds_text(meta.get('repeats', 1))} interleaved (each "
         "round measures every approach, starting one place later than the round before). Each "
         "cell is the median over the rounds, with the lowest and highest in square brackets. "
         "Latency = "
@@ -193,9 +193,9 @@ def _main_table(results: dict[str, Any], sums: dict[str, Any]) -> list[str]:
         wake = f.get("wake_us", {}).get("median", 0.0) - base
         empty = f.get("empty_us", {}).get("median", 0.0) - base_empty
         lines.append(
-            f"| {e['label']} | {spread(f.get('wake_us'), '.1f')} (+{wake:.1f}) us "
+            f"| {e['label']} | {spread(f.get('wake_us'), '.1f')} ({wake:+.1f}) us "
             f"| {spread(f.get('wake_p99_us'))} us "
-            f"| {spread(f.get('empty_us'), '.1f')} (+{empty:.1f}) us "
+            f"| {spread(f.get('empty_us'), '.1f')} ({empty:+.1f}) us "
             f"| {spread(f.get('cpu_parked'), '.4f')} | {spread(f.get('awaits_per_s_1'))} "
             f"| {spread(f.get('awaits_per_s_8'))} | {spread(f.get('stall_ms'), '.2f')} |"
         )
@@ -278,11 +278,15 @@ def _trio_table(trio: dict[str, Any]) -> list[str]:
         f = sums[n]
         plus = f.get("wake_us", {}).get("median", 0.0) - base
         lines.append(
-            f"| {e['label']} | {spread(f.get('wake_us'), '.1f')} (+{plus:.1f}) us "
+            f"| {e['label']} | {spread(f.get('wake_us'), '.1f')} ({plus:+.1f}) us "
             f"| {spread(f.get('wake_p99_us'))} us | {spread(f.get('awaits_per_s_1'))} "
             f"| {spread(f.get('awaits_per_s_8'))} |"
         )
     return lines
+
+
+def rounds_text(n: int) -> str:
+    return f"{n} round" + ("" if n == 1 else "s")
 
 
 def markdown(results: dict[str, Any], meta: dict[str, Any], no_plot: str | None = None) -> str:
@@ -293,6 +297,8 @@ def markdown(results: dict[str, Any], meta: dict[str, Any], no_plot: str | None 
     lines += _split_table(results, sums, meta.get("devices", 2))
     if "trio" in results:
         lines += _trio_table(results["trio"])
+    elif "trio_not_measured" in meta:
+        lines += ["", "## trio", "", f"Not measured: {meta['trio_not_measured']}."]
     if no_plot is None:
         lines += ["", "![latency distributions](latency.png)", ""]
     else:
