@@ -8,6 +8,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
@@ -89,28 +90,39 @@ class _SideStreams:
             weakref.WeakKeyDictionary()
         )
 
-    def get(self, driver: Driver, device: int, work: int) -> int:
+    def enqueue_on(
+        self, driver: Driver, device: int, work: int, enqueue: Callable[[int], object]
+    ) -> None:
+        """Call ``enqueue(side)`` with the side stream that serves ``work`` on ``device``, made
+        if there is none yet, and keep the lock meanwhile: another thread's eviction or
+        ``drop`` cannot destroy the side stream between the lookup and the enqueue (the driver
+        frees a destroyed stream once the work on it completes). ``enqueue`` makes
+        non-blocking driver calls only."""
         with self._lock:
             table = self._streams.get(driver)
             side = None if table is None else table.get(work)
             if side is not None:
                 table.move_to_end(work)  # type: ignore[union-attr]
-                return side
-        side = driver.stream_create(device, True, 0)
+                enqueue(side)
+                return
+        new = driver.stream_create(device, True, 0)  # outside the lock: it may take a while
         evicted: int | None = None
-        with self._lock:
-            table = self._streams.setdefault(driver, OrderedDict())
-            existing = table.get(work)
-            if existing is not None:  # lost a race with another thread
-                evicted, side = side, existing
-            else:
-                table[work] = side
-                if len(table) > self._LIMIT:
-                    evicted = table.popitem(last=False)[1]
-        if evicted is not None:
-            # Destroying returns at once; queued host functions still run.
-            driver.stream_destroy(evicted)
-        return side
+        try:
+            with self._lock:
+                table = self._streams.setdefault(driver, OrderedDict())
+                side = table.get(work)
+                if side is not None:  # another thread made one meanwhile
+                    evicted = new
+                    table.move_to_end(work)
+                else:
+                    side = table[work] = new
+                    if len(table) > self._LIMIT:
+                        evicted = table.popitem(last=False)[1]
+                enqueue(side)
+        finally:
+            if evicted is not None:
+                # Destroying returns at once; host functions queued on it still run.
+                driver.stream_destroy(evicted)
 
     def drop(self, driver: Driver, work: int) -> None:
         with self._lock:

@@ -53,9 +53,11 @@ class SideStreamHostFn:
     def launch(
         self, driver: Driver, device: int, work_stream: int, event: int, user_data: int
     ) -> None:
-        side = side_streams.get(driver, device, work_stream)
-        driver.stream_wait_event(side, event)
-        driver.launch_host_func(side, _notify.HOST_FN, user_data)
+        def enqueue(side: int) -> None:
+            driver.stream_wait_event(side, event)
+            driver.launch_host_func(side, _notify.HOST_FN, user_data)
+
+        side_streams.enqueue_on(driver, device, work_stream, enqueue)
 
 
 class WorkStreamHostFn:

@@ -1,0 +1,56 @@
+"""The side streams shared by every loop of the process: one thread's eviction never destroys a
+side stream that another thread has taken and not yet enqueued on."""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+import pytest
+
+import aiocudasem as acs
+from aiocudasem.testing import SimDriver, hold
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_an_eviction_by_another_thread_waits_for_a_launch_in_progress(
+    sim: SimDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop takes the side stream of its work stream and enqueues the event wait and the host
+    function on it. Another thread that evicts that side stream in between (the table is full)
+    would destroy it first, and the launch would fail on a freed handle: the waiter would get a
+    CudaError for work that completes. The eviction has to wait until the launch is done."""
+    from aiocudasem._notifier import _pools
+    from aiocudasem._notifier._pools import destroy_stream, side_streams
+
+    monkeypatch.setattr(_pools._SideStreams, "_LIMIT", 1)  # the next new side stream evicts
+    other = sim.stream_create(0, True, 0)  # another loop's work stream
+    threads: list[threading.Thread] = []
+    wait_event = sim.stream_wait_event
+
+    def racing_wait_event(stream: int, event: int) -> None:
+        if not threads:  # the first launch: another thread gets a side stream meanwhile
+            t = threading.Thread(
+                target=side_streams.enqueue_on, args=(sim, 0, other, lambda side: None), daemon=True
+            )
+            threads.append(t)
+            t.start()
+            t.join(0.2)  # done by now unless it waits for this launch
+        wait_event(stream, event)
+
+    monkeypatch.setattr(sim, "stream_wait_event", racing_wait_event)
+    try:
+        async with acs.open_stream(driver=sim) as s:
+            gate = hold(s)
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(s.wait_complete)
+                    await anyio.wait_all_tasks_blocked()  # parked: its launch is done
+                    gate.set()
+        assert len(threads) == 1
+        threads[0].join(10)
+        assert not threads[0].is_alive()
+        assert side_streams.count(sim) == 1  # the other work stream's, which evicted ours
+    finally:
+        destroy_stream(sim, other)
