@@ -154,7 +154,7 @@ def test_bench_without_trio_measures_asyncio_and_says_why_trio_is_missing(
     out = tmp_path / "out"
     assert bench.main(["--driver", "sim", "--quick", "--only", "sync", "--out", str(out)]) == 0
     captured = capsys.readouterr()
-    assert f"warning: no trio figures: {missing}" in captured.err
+    assert f"aiocudasem bench: warning: no trio figures: {missing}" in captured.err
     assert "trio:" not in captured.out
     page = (out / "performance.md").read_text()
     assert f"## trio\n\nNot measured: {missing}." in page

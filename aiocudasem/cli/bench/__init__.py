@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         anyio.run(run_trio, b, repeats, trio_names, backend="trio")
     else:
         meta["trio_not_measured"] = missing
-        print(f"warning: no trio figures: {missing}", file=sys.stderr, flush=True)
+        print(f"aiocudasem bench: warning: no trio figures: {missing}", file=sys.stderr, flush=True)
     try:
         write(ns.out, b.results, meta)
     except BrokenPipeError:
