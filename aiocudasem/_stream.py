@@ -218,7 +218,8 @@ class Stream(OnDevice):
 
         A checkpoint. Cancelling abandons the wait only: the GPU work goes on and the stream
         stays usable. Raises :class:`DeviceFaultError` if the device faults meanwhile, and
-        ``anyio.ClosedResourceError`` if another task closes the stream while this one waits.
+        ``anyio.ClosedResourceError`` if another task closes (or detaches) the stream during
+        the wait's first checkpoint; closed later, the wait goes on to its end.
 
         The wait may also cover work that other tasks enqueue on the stream during its first
         checkpoint, never later work: it never ends early, and ends late by at most that.
@@ -291,7 +292,12 @@ class Stream(OnDevice):
             return
         try:
             if self._owned:
-                await self.wait_complete()
+                try:
+                    await self.wait_complete()
+                except anyio.ClosedResourceError:
+                    if self._finalizer.alive:
+                        raise  # the event loop's notifier, not this stream
+                    # Closed by another task meanwhile: released already, as asked.
             else:
                 await anyio.lowlevel.checkpoint()
         finally:

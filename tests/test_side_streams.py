@@ -54,3 +54,42 @@ async def test_an_eviction_by_another_thread_waits_for_a_launch_in_progress(
         assert side_streams.count(sim) == 1  # the other work stream's, which evicted ours
     finally:
         destroy_stream(sim, other)
+
+
+async def test_a_failed_destroy_of_an_evicted_side_stream_does_not_fail_the_launch(
+    sim: SimDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The evicted side stream is destroyed after the host function is enqueued on the new one.
+    If that destroy fails, the launch must still succeed: a launch that raised would have its
+    C node freed while the host function that writes to it is queued."""
+    from aiocudasem._driver._sim import _error
+    from aiocudasem._notifier import _pools
+    from aiocudasem._notifier._pools import destroy_stream, side_streams
+
+    monkeypatch.setattr(_pools._SideStreams, "_LIMIT", 1)
+    other = sim.stream_create(0, True, 0)
+    sides: list[int] = []
+    side_streams.enqueue_on(sim, 0, other, sides.append)  # the side stream to be evicted
+    destroy = sim.stream_destroy
+
+    def failing_destroy(stream: int) -> None:
+        if stream == sides[0]:
+            raise _error(400, "cuStreamDestroy")
+        destroy(stream)
+
+    monkeypatch.setattr(sim, "stream_destroy", failing_destroy)
+    try:
+        async with acs.open_stream(driver=sim) as s:
+            gate = hold(s)
+            with (
+                pytest.warns(RuntimeWarning, match="destroying an evicted side stream failed"),
+                anyio.fail_after(10),
+            ):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(s.wait_complete)  # parks: its launch evicts the other's
+                    await anyio.wait_all_tasks_blocked()
+                    gate.set()
+    finally:
+        monkeypatch.setattr(sim, "stream_destroy", destroy)
+        destroy(sides[0])
+        destroy_stream(sim, other)

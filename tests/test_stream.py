@@ -90,27 +90,47 @@ async def test_wait_complete_never_waits_for_work_enqueued_after_it_parked(
 
 
 async def test_wait_complete_fails_clearly_if_another_task_closes_the_stream(
-    sim: SimDriver,
+    sim: SimDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Closed by another task during the wait's first checkpoint: the wait raises
-    ClosedResourceError instead of querying a destroyed stream's handle."""
+    ClosedResourceError instead of querying a destroyed stream's handle. The close is made
+    from inside that checkpoint, so that it comes after the wait started, on every loop."""
+    from aiocudasem._notifier import current_notifier
+
     s = acs.open_stream(driver=sim)
     gate = hold(s)
-    errors: list[BaseException] = []
+    notifier = current_notifier()
+    checkpoint = notifier.checkpoint
 
-    async def waiter() -> None:
-        try:
+    async def closing_checkpoint() -> None:
+        s.close()  # another task's close, while this one is at its checkpoint
+        await checkpoint()
+
+    monkeypatch.setattr(notifier, "checkpoint", closing_checkpoint)
+    try:
+        with anyio.fail_after(5), pytest.raises(anyio.ClosedResourceError, match="closed"):
             await s.wait_complete()
-        except anyio.ClosedResourceError as exc:
-            errors.append(exc)
+    finally:
+        monkeypatch.undo()
+        gate.set()
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(waiter)
-        await anyio.lowlevel.checkpoint()  # the waiter reaches its first checkpoint
-        s.close()  # and is still there: it resumes after this
-    gate.set()
-    assert len(errors) == 1
-    assert "closed" in str(errors[0])
+
+async def test_concurrent_acloses_of_an_owned_stream_both_return(sim: SimDriver) -> None:
+    """aclose() is idempotent across tasks too: the one that finds the stream closed by the
+    other while it waited returns instead of raising."""
+    s = acs.open_stream(driver=sim)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.aclose)
+            tg.start_soon(s.aclose)
+    assert s.closed
+    s2 = acs.open_stream(driver=sim)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s2.aclose)
+            await anyio.lowlevel.checkpoint()
+            s2.close()  # a plain close racing the aclose
+    assert s2.closed
 
 
 async def test_event_wait_and_query(sim: SimDriver) -> None:

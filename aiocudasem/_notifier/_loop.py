@@ -155,14 +155,17 @@ class Notifier:
         point, but the spin phase runs here, on the raw event, and a point is made only to
         park: most awaits of short work never make one, and each round of the spin resumes as
         few frames as possible. ``started``: the wait already passed its first checkpoint,
-        which began then (a ``time.perf_counter()``)."""
+        which began then (a ``time.perf_counter()``), and found the stream busy after it; the
+        event was recorded just now, so it is not queried before the next checkpoint."""
         clock = time.perf_counter
         query = driver.event_query
         try:
             if started is None:
                 started = clock()
                 await self.checkpoint()
-            ready = query(event)
+                ready = query(event)
+            else:
+                ready = False
             if not ready and self._spinners < _tuning.current.max_spinners:
                 deadline = started + self._spin_window(driver, stream)
                 if deadline > started:

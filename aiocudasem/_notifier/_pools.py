@@ -4,12 +4,15 @@ keyed by the driver object, weakly."""
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
+
+from .. import _release
 
 if TYPE_CHECKING:
     from .._driver import Driver
@@ -121,8 +124,13 @@ class _SideStreams:
                 enqueue(side)
         finally:
             if evicted is not None:
-                # Destroying returns at once; host functions queued on it still run.
-                driver.stream_destroy(evicted)
+                # Destroying returns at once; host functions queued on it still run. Quietly:
+                # a failure here (a faulted device's side stream, say) must not fail a launch
+                # whose host function is enqueued already, since the caller would then free the
+                # node that the host function writes to.
+                _release.release_quietly(
+                    functools.partial(driver.stream_destroy, evicted), "an evicted side stream"
+                )
 
     def drop(self, driver: Driver, work: int) -> None:
         with self._lock:
