@@ -156,7 +156,9 @@ def test_bench_without_trio_measures_asyncio_and_says_why_trio_is_missing(
     captured = capsys.readouterr()
     assert f"aiocudasem bench: warning: no trio figures: {missing}" in captured.err
     assert "trio:" not in captured.out
+    assert "asyncio: 1 approach, 1 round interleaved" in captured.out
     page = (out / "performance.md").read_text()
+    assert "1 round interleaved" in page
     assert f"## trio\n\nNot measured: {missing}." in page
     data = json.loads((out / "results.json").read_text())
     assert data["meta"]["trio_not_measured"] == missing

@@ -98,9 +98,12 @@ def test_demo_names_the_missing_event_loop_package_in_one_line(
     from aiocudasem.cli.demo import DemoParams, main
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(
-        _common.importlib.util, "find_spec", lambda name: None if name == package else real(name)
-    )
+
+    def find_spec(name: str, package: str | None = None) -> object:
+        return None if name == missing else real(name, package)
+
+    missing = package
+    monkeypatch.setattr(_common.importlib.util, "find_spec", find_spec)
     with pytest.raises(CommandError) as info:
         main("sim", backend, DemoParams())
     assert str(info.value) == (
