@@ -228,10 +228,10 @@ class Stream(OnDevice):
         drv = self._driver
         notifier = current_notifier()
         pool = self._events
+        started = None
         if handle > _DEFAULT_STREAMS:
             # The checkpoint first, then one cuStreamQuery: most short work is done by then,
-            # and such an await costs no event. Only a stream still busy gets one, recorded
-            # now; it captures at most what was enqueued during the checkpoint besides.
+            # and such an await costs no event.
             started = _clock()
             await notifier.checkpoint()
             if not self._finalizer.alive:
@@ -240,23 +240,17 @@ class Stream(OnDevice):
                 notifier._completed += 1
                 notifier._learn(drv, handle, _clock() - started)
                 return
-            event = take_event(drv, self._device, pool)
-            try:
-                drv.event_record(event, handle)
-            except BaseException:
-                pool.append(event)
-                raise
-            await notifier.wait_recorded(drv, self._device, handle, event, pool, started)
-            return
-        # The default streams always record first: an event recorded on the legacy stream
-        # also waits for the work of every blocking stream, which cuStreamQuery may not.
+        # A stream still busy gets its event now: it captures at most what was enqueued during
+        # the checkpoint besides. The default streams always record first, before their
+        # checkpoint: an event recorded on the legacy stream also waits for the work of every
+        # blocking stream, which cuStreamQuery may not.
         event = take_event(drv, self._device, pool)
         try:
             drv.event_record(event, handle)
         except BaseException:
             pool.append(event)
             raise
-        await notifier.wait_recorded(drv, self._device, handle, event, pool)
+        await notifier.wait_recorded(drv, self._device, handle, event, pool, started)
 
     # -------------------------------------------------------------- lifetime
 
