@@ -337,14 +337,16 @@ def test_trapping_kernel_wakes_waiters_with_an_error(backend: str) -> None:
 
 
 _OTHER_STREAM_TRAP_SCRIPT = """
-import anyio, sys, time
+import anyio, logging, sys, time
 import aiocudasem as acs
+logging.basicConfig(level=logging.INFO, format="log: %(levelname)s %(name)s: %(message)s")
 from aiocudasem.testing import workloads
 from aiocudasem.vulkan import VulkanDevice
 # A fault must reach parked waiters without any periodic check: the watchdog's period is 30 s,
 # so only its thread, asleep in cuEventSynchronize behind the parked work, can see it in time.
 acs.configure(watchdog=30, spin_limit=0)
 drv = acs.get_driver("cuda")
+print("module loading", drv.module_loading_mode())
 work = workloads(drv)  # before the first wait, so that its kernels load ahead of it
 vk = VulkanDevice.open(drv.device_uuid(0))
 vsem = vk.create_timeline_semaphore(0)
@@ -382,6 +384,15 @@ anyio.run(main, backend=sys.argv[1])
 def test_a_trap_on_another_stream_wakes_waiters_parked_on_a_semaphore(backend: str) -> None:
     proc = run_script(_OTHER_STREAM_TRAP_SCRIPT, backend)
     assert "woke 5" in proc.stdout, proc.stdout
+    # The log records on the real driver: the fault once (five waiters, one device), and under
+    # lazy loading the advice once, at the first semaphore wait.
+    records = [line for line in proc.stderr.splitlines() if line.startswith("log: ")]
+    faults = [r for r in records if r.startswith("log: ERROR aiocudasem: device 0 of the cuda ")]
+    assert len(faults) == 1, proc.stderr
+    assert "waits on it fail with DeviceFaultError" in faults[0]
+    lazy = [r for r in records if "CUDA loads modules lazily" in r]
+    assert len(lazy) == (1 if "module loading lazy" in proc.stdout else 0), proc.stderr
+    assert all(r.startswith("log: WARNING aiocudasem: ") for r in lazy)
 
 
 async def test_demo_on_the_gpu_with_vulkan(cuda: acs.Driver) -> None:
