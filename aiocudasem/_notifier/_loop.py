@@ -278,9 +278,13 @@ class Notifier:
             self._finish(point, exc)
             return True
         if ready:
-            self._learn(point.driver, point.stream, time.perf_counter() - point.started)
-            self._finish(point, None)
+            self._succeed(point)
         return ready
+
+    def _succeed(self, point: Point) -> None:
+        """``point``'s work completed: remember how long it took, and finish it."""
+        self._learn(point.driver, point.stream, time.perf_counter() - point.started)
+        self._finish(point, None)
 
     def _learn(self, driver: Driver, stream: int, took: float) -> None:
         """Remember how long waits on ``stream`` take, for the spin window: a moving average,
@@ -488,8 +492,7 @@ class Notifier:
                 if self._heads.get(key) is point:
                     del self._heads[key]
                 if not point.done:
-                    self._learn(point.driver, point.stream, time.perf_counter() - point.started)
-                    self._finish(point, None)
+                    self._succeed(point)
                 self._advance(key)
 
     def _watch(self, point: Point) -> None:
