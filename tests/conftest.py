@@ -10,9 +10,11 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import pytest
 
-from aiocudasem.testing import SimDriver
+import aiocudasem as acs
+from aiocudasem.testing import SimDriver, hold
 
 if TYPE_CHECKING:
     from aiocudasem.lowlevel import Driver
@@ -108,6 +110,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if item.get_closest_marker("gpu"):
                 item.add_marker(skip)
+
+
+async def fault_parked_waiters(sim: SimDriver, device: int, waiters: int) -> acs.Stream:
+    """Park ``waiters`` coroutines on a stream of ``device`` whose work never ends by itself,
+    fault the device, and return once each of them got ``DeviceFaultError``. Returns the
+    stream, still open: its ``aclose()`` raises ``DeviceFaultError``."""
+    doomed = acs.open_stream(device, driver=sim)
+    hold(doomed)
+
+    async def victim() -> None:
+        with pytest.raises(acs.DeviceFaultError):
+            await doomed.wait_complete()
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(waiters):
+            tg.start_soon(victim)
+        await anyio.wait_all_tasks_blocked()
+        sim.inject_fault(device)
+    return doomed
 
 
 def wait_for_child(pid: int, timeout: float) -> int:

@@ -17,6 +17,7 @@ import aiocudasem as acs
 from aiocudasem import _log
 from aiocudasem.lowlevel import statistics
 from aiocudasem.testing import SimDriver, hold
+from tests.conftest import fault_parked_waiters
 
 
 def _records(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogRecord]:
@@ -28,18 +29,7 @@ async def test_a_device_fault_is_logged_once_per_device(
     sim: SimDriver, fault_watchdog: float, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="aiocudasem")
-    doomed = acs.open_stream(1, driver=sim)
-    hold(doomed)
-    async with anyio.create_task_group() as tg:
-
-        async def victim() -> None:
-            with pytest.raises(acs.DeviceFaultError):
-                await doomed.wait_complete()
-
-        for _ in range(5):
-            tg.start_soon(victim)
-        await anyio.wait_all_tasks_blocked()
-        sim.inject_fault(1)
+    doomed = await fault_parked_waiters(sim, 1, 5)
     with pytest.raises(acs.DeviceFaultError):
         await doomed.aclose()
     # The watchdog logs after it has woken the loop: the record may come a moment later.

@@ -16,7 +16,7 @@ from aiocudasem._notifier._loop import running_notifier
 from aiocudasem._notifier._watchdog import _watchdog
 from aiocudasem.lowlevel import Statistics, statistics
 from aiocudasem.testing import SimDriver, hold
-from tests.conftest import wait_for_child
+from tests.conftest import fault_parked_waiters, wait_for_child
 
 _PER_LOOP = (
     "pending",
@@ -159,18 +159,7 @@ async def test_completions_and_faults_are_counted(sim: SimDriver, fault_watchdog
     after = statistics()
     assert after.completed - before.completed == 4
     assert after.faulted == before.faulted
-    doomed = acs.open_stream(1, driver=sim)
-    hold(doomed)
-    async with anyio.create_task_group() as tg:
-
-        async def victim() -> None:
-            with pytest.raises(acs.DeviceFaultError):
-                await doomed.wait_complete()
-
-        for _ in range(2):  # two waits, two points
-            tg.start_soon(victim)
-        await anyio.wait_all_tasks_blocked()
-        sim.inject_fault(1)
+    doomed = await fault_parked_waiters(sim, 1, 2)  # two waits, two points
     faulted = statistics()
     assert faulted.faulted - after.faulted == 2
     assert faulted.faults_seen == after.faults_seen + 1
