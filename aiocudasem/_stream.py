@@ -20,8 +20,8 @@ from ._notifier import (
     current_notifier,
     destroy_stream,
     event_pool,
+    record_pooled,
     side_streams,
-    take_event,
 )
 from ._semaphore import (
     _E,
@@ -244,12 +244,7 @@ class Stream(OnDevice):
         # the checkpoint besides. The default streams always record first, before their
         # checkpoint: an event recorded on the legacy stream also waits for the work of every
         # blocking stream, which cuStreamQuery may not.
-        event = take_event(drv, self._device, pool)
-        try:
-            drv.event_record(event, handle)
-        except BaseException:
-            pool.append(event)
-            raise
+        event = record_pooled(drv, self._device, pool, handle)
         await notifier.wait_recorded(drv, self._device, handle, event, pool, started)
 
     # -------------------------------------------------------------- lifetime

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from ._loop import Notifier, current_notifier, wait_private_stream
 from ._points import Point
-from ._pools import destroy_stream, event_pool, host_wait_streams, side_streams, take_event
+from ._pools import destroy_stream, event_pool, host_wait_streams, record_pooled, side_streams
 from ._statistics import Statistics, statistics
 from ._tuning import Tuning, configure
 
@@ -46,8 +46,8 @@ __all__ = (
     "destroy_stream",
     "event_pool",
     "host_wait_streams",
+    "record_pooled",
     "side_streams",
     "statistics",
-    "take_event",
     "wait_private_stream",
 )

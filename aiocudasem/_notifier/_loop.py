@@ -31,7 +31,7 @@ from .. import _log, _notify, _release
 from .._errors import AiocudasemError, DeviceFaultError
 from . import _tuning
 from ._points import Point
-from ._pools import destroy_stream, event_pool, give_back, host_wait_streams, take_event
+from ._pools import destroy_stream, event_pool, give_back, host_wait_streams, record_pooled
 from ._wake import STRATEGIES as _STRATEGIES
 from ._watchdog import _watchdog
 
@@ -568,12 +568,7 @@ async def wait_private_stream(
     try:
         enqueue(stream)
         pool = event_pool.free_list(driver, device)
-        event = take_event(driver, device, pool)
-        try:
-            driver.event_record(event, stream)
-        except BaseException:
-            pool.append(event)
-            raise
+        event = record_pooled(driver, device, pool, stream)
         await notifier.wait(Point(driver, device, stream, event, pool))
         done = True
     finally:

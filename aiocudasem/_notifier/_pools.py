@@ -22,6 +22,7 @@ __all__ = (
     "event_pool",
     "give_back",
     "host_wait_streams",
+    "record_pooled",
     "side_streams",
     "take_event",
 )
@@ -66,6 +67,18 @@ def take_event(driver: Driver, device: int, free: list[int]) -> int:
         except IndexError:  # another thread took the last one
             pass
     return driver.event_create(device)
+
+
+def record_pooled(driver: Driver, device: int, free: list[int], stream: int) -> int:
+    """Take a pooled event of ``device`` (a new one if none is free) and record it on
+    ``stream``; if recording fails, the event goes back to ``free`` and the error propagates."""
+    event = take_event(driver, device, free)
+    try:
+        driver.event_record(event, stream)
+    except BaseException:
+        free.append(event)
+        raise
+    return event
 
 
 def give_back(driver: Driver, free: list[int], event: int) -> None:
