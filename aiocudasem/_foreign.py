@@ -132,9 +132,11 @@ async def wait_event(
         # PyTorch creates its CUDA event on the first record: none yet, nothing to wait for.
         await anyio.lowlevel.checkpoint()
         return
-    point = Point(drv, device, _key(drv, handle, device), handle, None)
+    notifier = current_notifier()
+    key = _key(drv, handle, device)
+    point = Point(drv, device, key, handle, None, notifier.history(drv, key))
     try:
-        await current_notifier().wait(point)
+        await notifier.wait(point)
     except BaseException:
         # Abandoned (cancelled, or its loop shutting down, which disarms the point first):
         # its host function may still be queued behind this record. Retiring a key that had

@@ -16,6 +16,7 @@ from ._driver import Driver
 from ._errors import AiocudasemError, DeviceFaultError, DeviceMismatchError
 from ._lifetime import OnDevice, Owned
 from ._notifier import (
+    History,
     Point,
     current_notifier,
     destroy_stream,
@@ -62,8 +63,9 @@ class Stream(OnDevice):
     always checkpoints.
     """
 
-    __slots__ = ("_events", "_owned")
+    __slots__ = ("_events", "_history", "_owned")
     _events: list[int]
+    _history: History
     _owned: bool
     _factory = "use aiocudasem.open_stream() or Stream.adopt() to get a Stream"
     _noun = "stream"
@@ -75,6 +77,7 @@ class Stream(OnDevice):
         self._device = device
         self._owned = owned
         self._events = event_pool.free_list(driver, device)
+        self._history = History()  # how long its waits take: how long they spin
         self._own(handle, partial(destroy_stream, driver, handle) if owned else None)
         return self
 
@@ -224,28 +227,32 @@ class Stream(OnDevice):
         The wait may also cover work that other tasks enqueue on the stream during its first
         checkpoint, never later work: it never ends early, and ends late by at most that.
         """
-        handle = self.handle
-        drv = self._driver
+        # The hot path of the library: every line here costs each await of short work.
+        finalizer = self._finalizer
+        if not finalizer.alive:
+            self.handle  # noqa: B018 - closed: ClosedResourceError
         notifier = current_notifier()
-        pool = self._events
+        handle = self._handle
+        drv = self._driver
         started = None
         if handle > _DEFAULT_STREAMS:
             # The checkpoint first, then one cuStreamQuery: most short work is done by then,
             # and such an await costs no event.
             started = _clock()
             await notifier.checkpoint()
-            if not self._finalizer.alive:
+            if not finalizer.alive:
                 self.handle  # noqa: B018 - closed by another task: ClosedResourceError
             if drv.stream_query(handle):
                 notifier._completed += 1
-                notifier._learn(drv, handle, _clock() - started)
+                self._history.learn(_clock() - started)
                 return
         # A stream still busy gets its event now: it captures at most what was enqueued during
         # the checkpoint besides. The default streams always record first, before their
         # checkpoint: an event recorded on the legacy stream also waits for the work of every
         # blocking stream, which cuStreamQuery may not.
+        pool = self._events
         event = record_pooled(drv, self._device, pool, handle)
-        await notifier.wait_recorded(drv, self._device, handle, event, pool, started)
+        await notifier.wait_recorded(drv, self._device, handle, event, pool, self._history, started)
 
     # -------------------------------------------------------------- lifetime
 
@@ -356,7 +363,9 @@ class Event(Owned):
     def _create(cls, stream: Stream, handle: int) -> Self:
         self = object.__new__(cls)
         self._stream = stream
-        self._point = Point(stream._driver, stream._device, stream._handle, handle, None)
+        self._point = Point(
+            stream._driver, stream._device, stream._handle, handle, None, stream._history
+        )
         # Collected events are released at the library's next use, not inside the collector.
         self._own(handle, partial(_destroy_event, stream._driver, handle))
         return self

@@ -4,7 +4,11 @@
 The benchmark's throughput loop (one task per stream: launch an empty kernel, await it), on
 1 and 8 streams, on asyncio and trio, in three passes per approach:
 
-- timed: awaits per second, nothing instrumented;
+- timed: awaits per second, nothing instrumented. Besides busy polling (query, then
+  ``sleep(0)`` until idle) and aiocudasem, a *floor*: the loop's checkpoint, then a query,
+  repeated until idle, with no library code around it. That is what any await that is a
+  checkpoint and asks the driver costs; the library's own work per await is the distance to
+  it;
 - counted: checkpoints (yields to the loop), events recorded (the stream was still busy after
   the first checkpoint) and parks (host functions armed) per await;
 - the parts: each step of an await timed alone with ``timeit``, on the same driver.
@@ -112,6 +116,18 @@ class Probe:
                     await sl()
                 count += 1
 
+        checkpoint = nf.checkpoint
+
+        async def floor(h: int) -> None:
+            nonlocal count
+            q = drv.stream_query
+            while time.perf_counter() < deadline:
+                launch(h)
+                await checkpoint()
+                while not q(h):
+                    await checkpoint()
+                count += 1
+
         async def lib(h: int) -> None:
             nonlocal count
             s = self.streams[h]
@@ -124,7 +140,7 @@ class Probe:
         try:
             async with anyio.create_task_group() as tg:
                 for h in hs:
-                    tg.start_soon(poll if kind == "poll" else lib, h)
+                    tg.start_soon({"poll": poll, "floor": floor}.get(kind, lib), h)
         finally:
             nf.checkpoint, nf._arm = saved_checkpoint, saved_arm  # type: ignore[method-assign]
             if had_record:
@@ -161,7 +177,6 @@ class Probe:
         drv, h = self.drv, self.handles[2]
         s = self.streams[h]
         await s.wait_complete()
-        nf = current_notifier()
         pool = s._events
         ev = take_event(drv, 0, pool)
         drv.event_record(ev, h)
@@ -181,8 +196,8 @@ class Probe:
             ("take_event + event_record + give_back", t(record_cycle)),
             ("event_query (done)", t(lambda: drv.event_query(ev))),
             ("stream_query (idle)", t(lambda: drv.stream_query(h))),
-            ("Notifier._learn()", t(lambda: nf._learn(drv, h, 5e-6))),
-            ("Notifier._spin_window()", t(lambda: nf._spin_window(drv, h))),
+            ("History.learn() (the stream's wait history)", t(lambda: s._history.learn(5e-6))),
+            ("History.spin_window()", t(s._history.spin_window)),
         ]
         give_back(drv, pool, ev)
 
@@ -211,7 +226,8 @@ async def run_backend(probe: Probe, seconds: float, rounds: int) -> None:
         say(f"  {label:52} {us:7.3f} us")
     for n in (1, 8):
         for counted in (False, True):
-            res: dict[str, list[dict[str, float]]] = {"poll": [], "aiocudasem": []}
+            kinds = ("poll", "floor", "aiocudasem") if not counted else ("poll", "aiocudasem")
+            res: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
             for _ in range(rounds if not counted else 1):
                 for kind in res:
                     res[kind].append(await probe.loop(kind, n, seconds, counted))

@@ -388,18 +388,45 @@ async def test_one_long_wait_does_not_leave_a_stream_of_short_work_parking() -> 
     includes its wake-up, which can cost more than spin_limit by itself. So a stream whose
     history says "long" still spins on one wait in 16, and a wait within spin_limit starts the
     history over: one long wait cannot leave short work parking for good."""
-    from aiocudasem._notifier import current_notifier
+    from aiocudasem._notifier import History
 
-    sim = SimDriver(devices=1)
-    notifier = current_notifier()
+    history = History()
     limit = acs.configure().spin_limit
-    key = (id(sim), 7)
-    notifier._learn(sim, 7, 1.0)  # one long wait: 1 s
-    windows = [notifier._spin_window(sim, 7) for _ in range(32)]
+    assert history.spin_window() == limit  # no history yet: the whole limit
+    history.learn(1.0)  # one long wait: 1 s
+    windows = [history.spin_window() for _ in range(32)]
     assert windows.count(limit) == 2  # the probes
     assert windows.count(0.0) == 30
-    notifier._learn(sim, 7, 3 * limit)  # a parked short wait, its wake-up included
-    assert notifier._recent[key] > limit  # still "long" on average
-    notifier._learn(sim, 7, limit / 4)  # a probe caught the work
-    assert notifier._recent[key] == limit / 4
-    assert 0 < notifier._spin_window(sim, 7) <= limit
+    history.learn(3 * limit)  # a parked short wait, its wake-up included
+    assert history.recent > limit  # still "long" on average
+    history.learn(limit / 4)  # a probe caught the work
+    assert history.recent == limit / 4
+    assert 0 < history.spin_window() <= limit
+
+
+async def test_a_stream_keeps_its_wait_history_for_its_waits_and_its_events(sim: SimDriver) -> None:
+    """The history lives with the Stream: a wait that found the work done at its first
+    checkpoint learns from it (a stream that was "long" spins again), and so does a parked
+    wait on one of the stream's events."""
+    limit = acs.configure().spin_limit
+    async with acs.open_stream(driver=sim) as s:
+        history = s._history
+        history.learn(1.0)  # "long": the next waits would not spin
+        assert history.spin_window() == 0.0
+        await s.wait_complete()  # idle: done at the first checkpoint
+        assert 0 <= history.recent <= limit
+        assert history.spin_window() > 0
+
+        history.learn(1.0)  # an average now, not a reset: the last wait was short
+        before = history.recent
+        gate = hold(s)
+        event = s.record()
+        assert event._point.history is history
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(event.wait)
+            await anyio.wait_all_tasks_blocked()
+            await anyio.sleep(0.02)
+            gate.set()
+        # Learnt from the event's parked wait, at least 20 ms: a quarter of it, in the average.
+        assert 0.75 * before + 0.25 * 0.02 <= history.recent < before
+        event.close()

@@ -31,12 +31,13 @@ side streams), ``_points``, ``_wake`` (wake strategies), ``_watchdog``, ``_loop`
 from __future__ import annotations
 
 from ._loop import Notifier, current_notifier, wait_private_stream
-from ._points import Point
+from ._points import History, Point
 from ._pools import destroy_stream, event_pool, host_wait_streams, record_pooled, side_streams
 from ._statistics import Statistics, statistics
 from ._tuning import Tuning, configure
 
 __all__ = (
+    "History",
     "Notifier",
     "Point",
     "Statistics",

@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover - the test environment has trio, hence s
 from .. import _log, _notify, _release
 from .._errors import AiocudasemError, DeviceFaultError
 from . import _tuning
-from ._points import Point
+from ._points import History, Point
 from ._pools import destroy_stream, event_pool, give_back, host_wait_streams, record_pooled
 from ._wake import STRATEGIES as _STRATEGIES
 from ._watchdog import _watchdog
@@ -70,8 +70,9 @@ class Notifier:
         self._drain_point: Point | None = None
         self._drain_scope: anyio.CancelScope | None = None
         self._spinners = 0
-        self._recent: dict[tuple[int, int], float] = {}  # (driver, stream) -> recent wait time
-        self._unspun: dict[tuple[int, int], int] = {}  # waits that did not spin since the last
+        # Wait histories of the streams that have no Stream object to keep one: the library's
+        # private streams, and the keys of foreign events.
+        self._histories: dict[tuple[int, int], History] = {}  # (id(driver), stream) ->
         self._watched: dict[tuple[Driver, int], int] = {}  # devices of parked points -> count
         self._check = False  # set by the watchdog thread: a device parked on has faulted
         self._wakeups = 0  # times a drainer woke from the fd
@@ -148,15 +149,17 @@ class Notifier:
         stream: int,
         event: int,
         pool: list[int],
+        history: History,
         started: float | None = None,
     ) -> None:
         """Wait for ``event``, just recorded on ``stream`` and taken from ``pool``, where it
-        goes back afterwards (``Stream.wait_complete``). The same as :meth:`wait` on a new
-        point, but the spin phase runs here, on the raw event, and a point is made only to
-        park: most awaits of short work never make one, and each round of the spin resumes as
-        few frames as possible. ``started``: the wait already passed its first checkpoint,
-        which began then (a ``time.perf_counter()``), and found the stream busy after it; the
-        event was recorded just now, so it is not queried before the next checkpoint."""
+        goes back afterwards (``Stream.wait_complete``, with the stream's ``history``). The
+        same as :meth:`wait` on a new point, but the spin phase runs here, on the raw event,
+        and a point is made only to park: most awaits of short work never make one, and each
+        round of the spin resumes as few frames as possible. ``started``: the wait already
+        passed its first checkpoint, which began then (a ``time.perf_counter()``), and found
+        the stream busy after it; the event was recorded just now, so it is not queried before
+        the next checkpoint."""
         clock = time.perf_counter
         query = driver.event_query
         try:
@@ -167,7 +170,7 @@ class Notifier:
             else:
                 ready = False
             if not ready and self._spinners < _tuning.current.max_spinners:
-                deadline = started + self._spin_window(driver, stream)
+                deadline = started + history.spin_window()
                 if deadline > started:
                     checkpoint = self.checkpoint
                     self._spinners += 1
@@ -184,10 +187,10 @@ class Notifier:
             raise
         if ready:
             self._completed += 1
-            self._learn(driver, stream, clock() - started)
+            history.learn(clock() - started)
             give_back(driver, pool, event)
             return
-        point = Point(driver, device, stream, event, pool)
+        point = Point(driver, device, stream, event, pool, history)
         point.started = started
         point.waiting += 1
         try:
@@ -283,52 +286,25 @@ class Notifier:
 
     def _succeed(self, point: Point) -> None:
         """``point``'s work completed: remember how long it took, and finish it."""
-        self._learn(point.driver, point.stream, time.perf_counter() - point.started)
+        point.history.learn(time.perf_counter() - point.started)
         self._finish(point, None)
 
-    def _learn(self, driver: Driver, stream: int, took: float) -> None:
-        """Remember how long waits on ``stream`` take, for the spin window: a moving average,
-        except that a wait within ``spin_limit`` where the average said longer starts it over.
-        A parked wait's time includes its wake-up, which can cost more than ``spin_limit``
-        itself; without the reset, one long wait would leave a stream of short work parking
-        for good."""
+    def history(self, driver: Driver, stream: int) -> History:
+        """The wait history of ``stream``, a stream handle (or a foreign event's key) that has
+        no :class:`~aiocudasem.Stream` to keep one."""
         key = (id(driver), stream)
-        recent = self._recent
-        old = recent.get(key)
-        if old is not None:
-            long_before = old > _tuning.current.spin_limit >= took
-            recent[key] = took if long_before else 0.75 * old + 0.25 * took
-        else:
-            if len(recent) >= _RECENT_LIMIT:
-                recent.clear()
-            recent[key] = took
-
-    def _spin_window(self, driver: Driver, stream: int) -> float:
-        """How long a wait on ``stream`` may spin, from its start: up to ``spin_limit``, about
-        twice what its recent waits took. If they took longer than the limit, not at all, but
-        for one wait in ``_PROBE_EVERY``, which spins the whole limit: if it catches the work,
-        the stream's waits are short again (see _learn())."""
-        limit = _tuning.current.spin_limit
-        key = (id(driver), stream)
-        recent = self._recent.get(key)
-        if recent is None:
-            return limit
-        if recent > limit:
-            skipped = self._unspun.get(key, 0) + 1
-            if skipped < _PROBE_EVERY:
-                if len(self._unspun) >= _RECENT_LIMIT:
-                    self._unspun.clear()
-                self._unspun[key] = skipped
-                return 0.0
-            self._unspun.pop(key, None)
-            return limit
-        return min(limit, 2.0 * recent + 20e-6)
+        h = self._histories.get(key)
+        if h is None:
+            if len(self._histories) >= _HISTORY_LIMIT:
+                self._histories.clear()
+            h = self._histories[key] = History()
+        return h
 
     async def _spin(self, point: Point) -> None:
         """Called once the first query found ``point`` pending: query it between checkpoints
         for a while if this stream's waits tend to be short, and not more than
         ``max_spinners`` coroutines at a time."""
-        window = self._spin_window(point.driver, point.stream)
+        window = point.history.spin_window()
         if window <= 0 or self._spinners >= _tuning.current.max_spinners:
             return
         deadline = point.started + window
@@ -569,7 +545,8 @@ async def wait_private_stream(
         enqueue(stream)
         pool = event_pool.free_list(driver, device)
         event = record_pooled(driver, device, pool, stream)
-        await notifier.wait(Point(driver, device, stream, event, pool))
+        history = notifier.history(driver, stream)
+        await notifier.wait(Point(driver, device, stream, event, pool, history))
         done = True
     finally:
         if done:
@@ -636,8 +613,7 @@ def _library() -> str | None:
         return None
 
 
-_RECENT_LIMIT = 4096  # streams whose recent wait times a notifier remembers
-_PROBE_EVERY = 16  # a stream whose waits are long still spins on one wait in this many
+_HISTORY_LIMIT = 4096  # wait histories of handles without a Stream that a notifier keeps
 
 _ASYNCIO_OR_UNSET = frozenset({None, "asyncio"})  # anyio.run sets sniffio's context variable
 

@@ -1,4 +1,5 @@
-"""A point: an event recorded on a work stream, and the coroutines waiting for it."""
+"""A point: an event recorded on a work stream, and the coroutines waiting for it; and a
+stream's wait history, which decides how long its waits spin."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from . import _tuning
 from ._pools import give_back
 
 if TYPE_CHECKING:
@@ -16,7 +18,51 @@ if TYPE_CHECKING:
     from .._errors import AiocudasemError
     from ._loop import Notifier
 
-__all__ = ("Point",)
+__all__ = ("History", "Point")
+
+_PROBE_EVERY = 16  # a stream whose waits are long still spins on one wait in this many
+
+
+class History:
+    """How long the recent waits on one stream took, which sets how long the next one spins.
+
+    A :class:`~aiocudasem.Stream` keeps its own, which its waits and the points of its events
+    share; the notifier keeps one per stream handle for the library's private streams and for
+    foreign events. Read and written by one thread at a time: the event loop's."""
+
+    __slots__ = ("recent", "unspun")
+
+    def __init__(self) -> None:
+        self.recent = -1.0  # a moving average of the wait times in seconds; < 0: none yet
+        self.unspun = 0  # waits that did not spin since the last that did
+
+    def learn(self, took: float) -> None:
+        """Add a wait that took ``took`` seconds: a moving average, except that a wait within
+        ``spin_limit`` where the average said longer starts it over. A parked wait's time
+        includes its wake-up, which can cost more than ``spin_limit`` itself; without the
+        reset, one long wait would leave a stream of short work parking for good."""
+        old = self.recent
+        if old < 0 or old > _tuning.current.spin_limit >= took:
+            self.recent = took
+        else:
+            self.recent = 0.75 * old + 0.25 * took
+
+    def spin_window(self) -> float:
+        """How long the next wait may spin, from its start: up to ``spin_limit``, about twice
+        what the recent waits took. If they took longer than the limit, not at all, but for one
+        wait in ``_PROBE_EVERY``, which spins the whole limit: if it catches the work, the
+        stream's waits are short again (see :meth:`learn`)."""
+        limit = _tuning.current.spin_limit
+        recent = self.recent
+        if recent < 0:
+            return limit
+        if recent > limit:
+            self.unspun += 1
+            if self.unspun < _PROBE_EVERY:
+                return 0.0
+            self.unspun = 0
+            return limit
+        return min(limit, 2.0 * recent + 20e-6)
 
 
 class Point:
@@ -29,6 +75,7 @@ class Point:
         "driver",
         "error",
         "event",
+        "history",
         "owner",
         "pool",
         "seq",
@@ -42,13 +89,20 @@ class Point:
     _seq = itertools.count()
 
     def __init__(
-        self, driver: Driver, device: int, stream: int, event: int, pool: list[int] | None
+        self,
+        driver: Driver,
+        device: int,
+        stream: int,
+        event: int,
+        pool: list[int] | None,
+        history: History,
     ) -> None:
         self.driver = driver
         self.device = device
         self.stream = stream
         self.event = event
         self.pool = pool  # where the event goes once nobody can query it, if it is pooled
+        self.history = history  # the stream's, which learns how long this wait took
         self.done = False
         self.error: AiocudasemError | None = None
         self.token = 0  # non-zero once the host function is armed
