@@ -246,6 +246,10 @@ class Stream(OnDevice):
                 notifier._completed += 1
                 self._history.learn(_clock() - started)
                 return
+            shared = notifier.shared_point(self._history, started)
+            if shared is not None:
+                await notifier.wait(shared)
+                return
         # A stream still busy gets its event now: it captures at most what was enqueued during
         # the checkpoint besides. The default streams always record first, before their
         # checkpoint: an event recorded on the legacy stream also waits for the work of every

@@ -16,6 +16,8 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_a_crowd_on_one_stream_costs_one_host_function(sim: SimDriver, parked: None) -> None:
+    """200 waits that began before the stream's work was found busy share one point: one
+    event, one host function, and 200 parked coroutines woken by it."""
     async with acs.open_stream(driver=sim) as s:
         gate = hold(s)
         woke = 0
@@ -30,7 +32,8 @@ async def test_a_crowd_on_one_stream_costs_one_host_function(sim: SimDriver, par
             for _ in range(200):
                 tg.start_soon(waiter)
             await anyio.wait_all_tasks_blocked()
-            assert statistics().chained == 200
+            assert statistics().chained == 1
+            assert statistics().parked == 200
             gate.set()
         assert woke == 200
         assert statistics().fired - before == 1
@@ -430,3 +433,123 @@ async def test_a_stream_keeps_its_wait_history_for_its_waits_and_its_events(sim:
         # Learnt from the event's parked wait, at least 20 ms: a quarter of it, in the average.
         assert 0.75 * before + 0.25 * 0.02 <= history.recent < before
         event.close()
+
+
+async def test_a_wait_that_begins_after_the_record_does_not_share_the_point(
+    sim: SimDriver, parked: None
+) -> None:
+    """Sharing is for waits that began before the point's event was recorded: a later one
+    records its own, even on the same work, so that no wait ever covers work enqueued after
+    its first checkpoint."""
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.wait_complete)
+            await anyio.wait_all_tasks_blocked()
+            assert statistics().chained == 1
+            tg.start_soon(s.wait_complete)
+            await anyio.wait_all_tasks_blocked()
+            assert statistics().chained == 2
+            assert statistics().parked == 2
+            gate.set()
+        assert statistics().chained == 0
+
+
+async def test_waits_share_only_a_live_point_of_their_own_loop(sim: SimDriver) -> None:
+    """The predicate itself: no point, an older point, one that is done, one that nobody
+    awaits any more (its event may be back in the pool), one of another loop."""
+    from aiocudasem._notifier import History, Point, current_notifier
+
+    notifier = current_notifier()
+    history = History()
+    assert notifier.shared_point(history, 1.0) is None
+    point = Point(sim, 0, 7, 99, None, history)
+    point.recorded = 2.0
+    point.waiting = 1
+    point.owner = notifier._ref
+    history.newest = point
+    assert notifier.shared_point(history, 1.0) is point
+    assert notifier.shared_point(history, 2.5) is None  # began after the record
+    point.waiting = 0
+    assert notifier.shared_point(history, 1.0) is None
+    point.waiting = 1
+    point.owner = None
+    assert notifier.shared_point(history, 1.0) is None
+    point.owner = notifier._ref
+    point.done = True
+    assert notifier.shared_point(history, 1.0) is None
+
+
+async def test_cancelling_the_waiter_that_recorded_a_shared_point_keeps_the_others(
+    sim: SimDriver, parked: None
+) -> None:
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        first = anyio.CancelScope()
+        woke = 0
+
+        async def wait(scope: anyio.CancelScope) -> None:
+            nonlocal woke
+            with scope:
+                await s.wait_complete()
+                woke += 1
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait, first)
+            for _ in range(20):
+                tg.start_soon(wait, anyio.CancelScope())
+            await anyio.wait_all_tasks_blocked()
+            assert statistics().chained == 1
+            first.cancel()
+            await anyio.wait_all_tasks_blocked()
+            assert statistics().chained == 1  # still armed, for the 20 others
+            assert woke == 0
+            gate.set()
+        assert woke == 20
+        assert statistics().chained == 0
+
+
+async def test_a_crowd_leaving_wakes_one_heir_for_the_drainer_role(
+    sim: SimDriver, parked: None
+) -> None:
+    """When the drainer's own point completes and its crowd leaves while other coroutines
+    stay parked, one of those is woken to take the role over, not one per leaving
+    coroutine."""
+    from aiocudasem._notifier import current_notifier
+
+    notifier = current_notifier()
+    created = 0
+    real = notifier._backend
+
+    class Counting:
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        def create_event(self) -> anyio.Event:
+            nonlocal created
+            created += 1
+            return real.create_event()
+
+    notifier._backend = Counting()  # type: ignore[assignment]
+    try:
+        async with acs.open_stream(driver=sim) as a, acs.open_stream(driver=sim) as b:
+            gate_a, gate_b = hold(a), hold(b)
+            async with anyio.create_task_group() as tg:
+                for _ in range(50):
+                    tg.start_soon(a.wait_complete)  # the first of them drains
+                await anyio.wait_all_tasks_blocked()
+                for _ in range(50):
+                    tg.start_soon(b.wait_complete)
+                await anyio.wait_all_tasks_blocked()
+                assert created == 100  # one sleeper each
+                gate_a.set()
+                with anyio.fail_after(5):
+                    while statistics().parked > 50:
+                        await anyio.sleep(0.001)
+                await anyio.wait_all_tasks_blocked()
+                # One of b's coroutines was woken and drains now; none slept again.
+                assert created == 100
+                assert notifier._draining
+                gate_b.set()
+    finally:
+        notifier._backend = real

@@ -11,6 +11,7 @@ import threading
 import time
 import types
 import weakref
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any
 
@@ -65,10 +66,16 @@ class Notifier:
         # waiters on one stream costs one host function, not one each.
         self._chains: dict[tuple[Driver, int], dict[Point, None]] = {}
         self._heads: dict[tuple[Driver, int], Point] = {}  # the chain's armed point
-        self._parked: dict[anyio.Event, None] = {}  # sleeping coroutines, oldest first
+        # Sleeping coroutines, oldest first. Ordered, not a dict: _hand_off() takes the oldest
+        # after a crowd has left from the front, where next(iter(dict)) would first step over
+        # every slot they left behind.
+        self._parked: OrderedDict[anyio.Event, None] = OrderedDict()
         self._draining = False
         self._drain_point: Point | None = None
         self._drain_scope: anyio.CancelScope | None = None
+        # The sleeper that _hand_off() woke to take over the drainer role, until its coroutine
+        # runs: until then nobody else is woken for the role.
+        self._heir: anyio.Event | None = None
         self._spinners = 0
         # Wait histories of the streams that have no Stream object to keep one: the library's
         # private streams, and the keys of foreign events.
@@ -161,6 +168,9 @@ class Notifier:
         the stream busy after it; the event was recorded just now, so it is not queried before
         the next checkpoint."""
         clock = time.perf_counter
+        # The event was recorded just now, and nothing ran since: a wait of this loop that
+        # began before this instant may share it, once it is a point (see shared_point()).
+        recorded = clock()
         query = driver.event_query
         try:
             if started is None:
@@ -192,7 +202,9 @@ class Notifier:
             return
         point = Point(driver, device, stream, event, pool, history)
         point.started = started
+        point.recorded = recorded
         point.waiting += 1
+        history.newest = point
         try:
             self._arm(point)
             if not point.done:
@@ -201,6 +213,23 @@ class Notifier:
             self._leave(point)
         if point.error is not None:
             point._raise_if_failed()
+
+    def shared_point(self, history: History, started: float) -> Point | None:
+        """The stream's newest parked point, if a wait that began at ``started`` (and found
+        the stream busy after its first checkpoint) may share it: this loop's, still awaited,
+        and recorded after ``started``, so that it covers all the work enqueued before the wait
+        began and at most the work enqueued during its first checkpoint besides, as a point of
+        its own would. A crowd of waiters on one stream then costs one event and one point."""
+        point = history.newest
+        if (
+            point is not None
+            and point.recorded >= started
+            and point.waiting
+            and not point.done
+            and point.owner is self._ref
+        ):
+            return point
+        return None
 
     async def wait(self, point: Point) -> None:
         """Wait until ``point`` completes. Always a checkpoint. Raises what the point failed
@@ -250,6 +279,7 @@ class Notifier:
         """A waiter of ``point`` leaves, done, failed or cancelled."""
         point.waiting -= 1
         if not point.done and point.waiting == 0:
+            point._unshare()
             if not point.token:
                 # Abandoned without a host function of its own: nobody will query it again.
                 self._unchain(point)
@@ -405,7 +435,11 @@ class Notifier:
                     self._parked[sleeper] = None
                 else:
                     await sleeper.wait()
+                    if self._heir is sleeper:
+                        self._heir = None
         finally:
+            if self._heir is sleeper:
+                self._heir = None
             self._parked.pop(sleeper, None)
             if sleeper in point.sleepers:
                 point.sleepers.remove(sleeper)
@@ -448,14 +482,18 @@ class Notifier:
             self._check_faults()
 
     def _hand_off(self) -> None:
-        """Wake one parked coroutine so that it becomes the drainer. Sleepers already woken
-        are dropped on the way, so a crowd finishing at once costs O(1) each."""
+        """Wake one parked coroutine so that it becomes the drainer, unless one woken for that
+        has not run yet: a crowd leaving at once wakes one heir, not one each. Sleepers already
+        woken are dropped on the way, so that costs O(1) per leaving coroutine."""
+        if self._heir is not None:
+            return
         parked = self._parked
         while parked:
             s = next(iter(parked))
             del parked[s]
             if not s.is_set():
                 s.set()
+                self._heir = s
                 return
 
     def _complete(self, tokens: list[int]) -> None:

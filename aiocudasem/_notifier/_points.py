@@ -4,6 +4,7 @@ stream's wait history, which decides how long its waits spin."""
 from __future__ import annotations
 
 import itertools
+import math
 import time
 import weakref
 from typing import TYPE_CHECKING
@@ -24,17 +25,22 @@ _PROBE_EVERY = 16  # a stream whose waits are long still spins on one wait in th
 
 
 class History:
-    """How long the recent waits on one stream took, which sets how long the next one spins.
+    """How long the recent waits on one stream took, which sets how long the next one spins,
+    and the newest point parked on it, which later waits may share.
 
     A :class:`~aiocudasem.Stream` keeps its own, which its waits and the points of its events
     share; the notifier keeps one per stream handle for the library's private streams and for
-    foreign events. Read and written by one thread at a time: the event loop's."""
+    foreign events."""
 
-    __slots__ = ("recent", "unspun")
+    __slots__ = ("newest", "recent", "unspun")
 
     def __init__(self) -> None:
         self.recent = -1.0  # a moving average of the wait times in seconds; < 0: none yet
         self.unspun = 0  # waits that did not spin since the last that did
+        # The newest point that a wait_complete() parked on: a wait that began before its
+        # event was recorded joins it rather than recording one of its own (see
+        # Notifier.shared_point()).
+        self.newest: Point | None = None
 
     def learn(self, took: float) -> None:
         """Add a wait that took ``took`` seconds: a moving average, except that a wait within
@@ -78,6 +84,7 @@ class Point:
         "history",
         "owner",
         "pool",
+        "recorded",
         "seq",
         "sleepers",
         "started",
@@ -112,6 +119,9 @@ class Point:
         self.sleepers: list[anyio.Event] = []
         self.waiting = 0  # coroutines inside wait()
         self.started = time.perf_counter()
+        # When its event was recorded, where that matters (a point that waits may share):
+        # the first perf_counter() after the record, with no checkpoint between.
+        self.recorded = -math.inf
         self.seq = next(Point._seq)  # creation order, which is FIFO order within a stream
 
     def _finish(self, error: AiocudasemError | None) -> None:
@@ -120,10 +130,17 @@ class Point:
         self.done = True
         self.error = error
         self.owner = None
+        self._unshare()
         for s in self.sleepers:
             s.set()
         self.sleepers.clear()
         self._release_event()
+
+    def _unshare(self) -> None:
+        """Nobody may join this point any more: the stream's history forgets it (which also
+        breaks the reference cycle between them)."""
+        if self.history.newest is self:
+            self.history.newest = None
 
     def _release_event(self) -> None:
         pool = self.pool
