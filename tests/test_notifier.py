@@ -470,6 +470,7 @@ async def test_waits_share_only_a_live_point_of_their_own_loop(sim: SimDriver) -
     history.newest = point
     assert notifier.shared_point(history, 1.0) is point
     assert notifier.shared_point(history, 2.5) is None  # began after the record
+    assert notifier.shared_point(history, 2.0) is None  # the same reading: maybe after it
     point.waiting = 0
     assert notifier.shared_point(history, 1.0) is None
     point.waiting = 1
@@ -553,3 +554,18 @@ async def test_a_crowd_leaving_wakes_one_heir_for_the_drainer_role(
                 gate_b.set()
     finally:
         notifier._backend = real
+
+
+async def test_with_spinning_on_a_crowd_makes_a_point_per_spinner_at_most(sim: SimDriver) -> None:
+    """Spinners wait on events of their own, so a crowd on a fresh stream with the default
+    settings makes one point per spinner that parks, and one that all the others share."""
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        async with anyio.create_task_group() as tg:
+            for _ in range(200):
+                tg.start_soon(s.wait_complete)
+            await anyio.wait_all_tasks_blocked()
+            chained = statistics().chained
+            assert 1 <= chained <= acs.configure().max_spinners + 1
+            gate.set()
+        assert statistics().chained == 0

@@ -204,7 +204,9 @@ class Notifier:
         point.started = started
         point.recorded = recorded
         point.waiting += 1
-        history.newest = point
+        newest = history.newest
+        if newest is None or newest.recorded < recorded:
+            history.newest = point  # not over a newer one (a spinner may park late)
         try:
             self._arm(point)
             if not point.done:
@@ -217,13 +219,14 @@ class Notifier:
     def shared_point(self, history: History, started: float) -> Point | None:
         """The stream's newest parked point, if a wait that began at ``started`` (and found
         the stream busy after its first checkpoint) may share it: this loop's, still awaited,
-        and recorded after ``started``, so that it covers all the work enqueued before the wait
-        began and at most the work enqueued during its first checkpoint besides, as a point of
-        its own would. A crowd of waiters on one stream then costs one event and one point."""
+        and recorded strictly after ``started`` (the same clock reading could come after the
+        record), so that it covers all the work enqueued before the wait began and at most the
+        work enqueued during its first checkpoint besides, as a point of its own would. The
+        waiters of a stream that park thus share one event and one point."""
         point = history.newest
         if (
             point is not None
-            and point.recorded >= started
+            and point.recorded > started
             and point.waiting
             and not point.done
             and point.owner is self._ref

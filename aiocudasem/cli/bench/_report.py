@@ -202,6 +202,14 @@ def _main_table(results: dict[str, Any], sums: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _collected(flags: list[bool | None]) -> str:
+    """How many rounds' garbage collection ended before the kernels, or n/a for results from
+    before the benchmark ran one."""
+    if all(f is None for f in flags):
+        return "n/a"
+    return f"{sum(f is True for f in flags)}/{len(flags)}"
+
+
 def _crowd_table(results: dict[str, Any], sums: dict[str, Any]) -> list[str]:
     rows = []
     for name, e in results.items():
@@ -220,7 +228,7 @@ def _crowd_table(results: dict[str, Any], sums: dict[str, Any]) -> list[str]:
             f"| {e['label']} | {woke}/{runs[0]['many']['waiters']} | {fds} | {rss:.1f} MiB "
             f"| {spread(f.get('many_p50_ms'), '.1f')} / {spread(f.get('many_p99_ms'), '.1f')} ms "
             f"| {min(parked) if parked else 'n/a'} "
-            f"| {sum(c is True for c in collected)}/{len(collected)} "
+            f"| {_collected(collected)} "
             f"| {spread(f.get('parked_p50_ms'), '.1f')} / {spread(f.get('parked_p99_ms'), '.1f')} "
             "ms |"
         )
