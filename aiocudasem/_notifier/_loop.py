@@ -282,7 +282,6 @@ class Notifier:
         """A waiter of ``point`` leaves, done, failed or cancelled."""
         point.waiting -= 1
         if not point.done and point.waiting == 0:
-            point._unshare()
             if not point.token:
                 # Abandoned without a host function of its own: nobody will query it again.
                 self._unchain(point)

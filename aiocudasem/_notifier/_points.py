@@ -130,19 +130,17 @@ class Point:
         self.done = True
         self.error = error
         self.owner = None
-        self._unshare()
         for s in self.sleepers:
             s.set()
         self.sleepers.clear()
         self._release_event()
 
-    def _unshare(self) -> None:
-        """Nobody may join this point any more: the stream's history forgets it (which also
-        breaks the reference cycle between them)."""
+    def _release_event(self) -> None:
+        """Nobody will query the event any more: a pooled one goes back to its pool, and no
+        later wait may share the point (the stream's history forgets it, which also breaks the
+        reference cycle between them)."""
         if self.history.newest is self:
             self.history.newest = None
-
-    def _release_event(self) -> None:
         pool = self.pool
         if pool is not None:
             self.pool = None
