@@ -280,6 +280,17 @@ static PyObject *Notifier_drain(NotifierObject *self, PyObject *Py_UNUSED(ignore
     return out;
 }
 
+static PyObject *Notifier_queued(NotifierObject *self, PyObject *Py_UNUSED(ignored)) {
+    /* Whether a completion waits in the queue: lets a coroutine that is not the drainer
+     * deliver it without a read() of the fd when there is none (the usual case). */
+    state_t *st = self->st;
+    if (!st) Py_RETURN_FALSE;
+    pthread_mutex_lock(&st->lock);
+    int queued = st->head != NULL;
+    pthread_mutex_unlock(&st->lock);
+    return PyBool_FromLong(queued);
+}
+
 static PyObject *Notifier_kick(NotifierObject *self, PyObject *Py_UNUSED(ignored)) {
     /* Wake the loop's fd without a completion (a device fault, a fork). Safe from any thread
      * that holds the GIL; a closed notifier ignores it. */
@@ -323,6 +334,8 @@ static PyMethodDef Notifier_methods[] = {
      "disarm(user_data): release user data whose host function was never enqueued."},
     {"drain", (PyCFunction)Notifier_drain, METH_NOARGS,
      "drain() -> list[int]: consume the wake-up and return the completed tokens, oldest first."},
+    {"queued", (PyCFunction)Notifier_queued, METH_NOARGS,
+     "queued() -> bool: a completion is waiting for drain(); False if closed."},
     {"kick", (PyCFunction)Notifier_kick, METH_NOARGS,
      "kick() -> bool: wake the fd without a completion; False if closed."},
     {"fileno", (PyCFunction)Notifier_fileno, METH_NOARGS, "fileno() -> int: the wake-up fd."},

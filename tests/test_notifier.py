@@ -8,6 +8,7 @@ import anyio
 import pytest
 
 import aiocudasem as acs
+from aiocudasem._notifier._sleepers import Sleeper
 from aiocudasem.lowlevel import statistics
 from aiocudasem.testing import SimDriver, hold, import_sim_semaphore, workloads
 from tests.conftest import StallWatch
@@ -322,7 +323,16 @@ def test_the_notifier_package_imports_go_one_way() -> None:
 
     from aiocudasem import _notifier
 
-    order = ["_tuning", "_pools", "_points", "_wake", "_watchdog", "_loop", "_statistics"]
+    order = [
+        "_tuning",
+        "_pools",
+        "_points",
+        "_wake",
+        "_watchdog",
+        "_sleepers",
+        "_loop",
+        "_statistics",
+    ]
     root = Path(_notifier.__file__).parent
     assert {p.stem for p in root.glob("*.py")} == {*order, "__init__"}
 
@@ -520,18 +530,14 @@ async def test_a_crowd_leaving_wakes_one_heir_for_the_drainer_role(
 
     notifier = current_notifier()
     created = 0
-    real = notifier._backend
+    real = notifier._new_sleeper
 
-    class Counting:
-        def __getattr__(self, name: str) -> object:
-            return getattr(real, name)
+    def counting() -> Sleeper:
+        nonlocal created
+        created += 1
+        return real()
 
-        def create_event(self) -> anyio.Event:
-            nonlocal created
-            created += 1
-            return real.create_event()
-
-    notifier._backend = Counting()  # type: ignore[assignment]
+    notifier._new_sleeper = counting
     try:
         async with acs.open_stream(driver=sim) as a, acs.open_stream(driver=sim) as b:
             gate_a, gate_b = hold(a), hold(b)
@@ -553,7 +559,7 @@ async def test_a_crowd_leaving_wakes_one_heir_for_the_drainer_role(
                 assert notifier._draining
                 gate_b.set()
     finally:
-        notifier._backend = real
+        notifier._new_sleeper = real
 
 
 async def test_with_spinning_on_a_crowd_makes_a_point_per_spinner_at_most(sim: SimDriver) -> None:

@@ -24,8 +24,9 @@ closed when its loop ends (through the loop's async-generator finalization, whic
 uvloop and trio all run at shutdown), not by the garbage collector.
 
 The modules, each importing only those before it: ``_tuning`` (settings), ``_pools`` (events,
-side streams), ``_points``, ``_wake`` (wake strategies), ``_watchdog``, ``_loop`` (the
-:class:`Notifier`) and ``_statistics``.
+side streams), ``_points``, ``_wake`` (wake strategies), ``_watchdog``, ``_sleepers`` (how a
+parked coroutine sleeps, native to its loop), ``_loop`` (the :class:`Notifier`) and
+``_statistics``.
 """
 
 from __future__ import annotations

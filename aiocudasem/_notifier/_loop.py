@@ -11,7 +11,6 @@ import threading
 import time
 import types
 import weakref
-from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +32,7 @@ from .._errors import AiocudasemError, DeviceFaultError
 from . import _tuning
 from ._points import History, Point
 from ._pools import destroy_stream, event_pool, give_back, host_wait_streams, record_pooled
+from ._sleepers import sleeper_factory
 from ._wake import STRATEGIES as _STRATEGIES
 from ._watchdog import _watchdog
 
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from anyio.abc import AsyncBackend
 
     from .._driver import Driver
+    from ._sleepers import Sleeper
 
 __all__ = ("Notifier", "current_notifier", "running_notifier", "wait_private_stream")
 
@@ -57,6 +58,8 @@ class Notifier:
         #: The loop's checkpoint, looked up once: what anyio's backend runs for
         #: anyio.lowlevel.checkpoint(), called directly (one coroutine frame less per yield).
         self.checkpoint = _checkpoint_of(library, backend)
+        #: Makes the sleeper of one parked coroutine, native to the loop (see _sleepers).
+        self._new_sleeper = sleeper_factory(library, backend, token)
         self._c = _notify.Notifier()
         self._fd = self._c.fileno()
         self._tokens = itertools.count(1)
@@ -66,16 +69,18 @@ class Notifier:
         # waiters on one stream costs one host function, not one each.
         self._chains: dict[tuple[Driver, int], dict[Point, None]] = {}
         self._heads: dict[tuple[Driver, int], Point] = {}  # the chain's armed point
-        # Sleeping coroutines, oldest first. Ordered, not a dict: _hand_off() takes the oldest
-        # after a crowd has left from the front, where next(iter(dict)) would first step over
-        # every slot they left behind.
-        self._parked: OrderedDict[anyio.Event, None] = OrderedDict()
+        # The points that coroutines of this loop sleep on, oldest first, and how many sleep on
+        # each: a point's device is watched while it has sleepers, and _hand_off() finds a
+        # sleeper here. Kept per point, not per coroutine, so that finishing a point settles
+        # the accounts of all its sleepers at once and a woken crowd leaves cheaply.
+        self._sleeping: dict[Point, int] = {}
+        self._asleep = 0  # coroutines inside _park(), the drainer included
         self._draining = False
         self._drain_point: Point | None = None
         self._drain_scope: anyio.CancelScope | None = None
         # The sleeper that _hand_off() woke to take over the drainer role, until its coroutine
         # runs: until then nobody else is woken for the role.
-        self._heir: anyio.Event | None = None
+        self._heir: Sleeper | None = None
         self._spinners = 0
         # Wait histories of the streams that have no Stream object to keep one: the library's
         # private streams, and the keys of foreign events.
@@ -135,8 +140,11 @@ class Notifier:
         self._armed.clear()
         self._chains.clear()
         self._heads.clear()
-        for s in self._parked:
-            s.set()  # a coroutine still parked (the loop is going away) sees `closed`
+        for p in self._sleeping:  # a coroutine still parked (the loop is going away) sees `closed`
+            for s in p.sleepers:
+                if not s.done():
+                    s.set_result(None)
+        self._sleeping.clear()
         if self._drain_scope is not None:
             self._drain_scope.cancel()
         self._c.close()
@@ -299,6 +307,8 @@ class Notifier:
             elif isinstance(error, DeviceFaultError):
                 self._faulted += 1
                 fault = error
+        if self._sleeping.pop(point, 0):
+            self._unwatch(point)  # the accounts of all its sleepers, which need not come back
         point._finish(error)
         if point is self._drain_point and self._drain_scope is not None:
             # The drainer sleeps on the fd, not on its sleeper: wake it so that it can leave.
@@ -414,11 +424,16 @@ class Notifier:
         self._launch(remaining[0])
 
     async def _park(self, point: Point) -> None:
-        new_event = self._backend.create_event
-        sleeper = new_event()
-        point.sleepers.append(sleeper)
-        self._parked[sleeper] = None
-        self._watch(point)
+        """Sleep until ``point`` is done, as the loop's drainer whenever nobody else is."""
+        sleeping = self._sleeping
+        count = sleeping.get(point, 0)
+        sleeping[point] = count + 1
+        if not count:
+            self._watch(point)
+        sleeper = self._new_sleeper()
+        sleepers = point.sleepers
+        sleepers[sleeper] = None
+        self._asleep += 1
         try:
             while not point.done:
                 if self.closed:
@@ -427,31 +442,42 @@ class Notifier:
                     )
                 if not self._draining:
                     await self._drain(point)
-                elif sleeper.is_set():
-                    # Woken to take over the drainer role, which someone took first, or woken
-                    # spuriously: sleep again.
-                    self._parked.pop(sleeper, None)
-                    point.sleepers.remove(sleeper)
-                    sleeper = new_event()
-                    point.sleepers.append(sleeper)
-                    self._parked[sleeper] = None
+                elif sleeper.done():
+                    # Woken to take over the drainer role, which someone took first: sleep
+                    # again.
+                    del sleepers[sleeper]
+                    sleeper = self._new_sleeper()
+                    sleepers[sleeper] = None
                 else:
-                    await sleeper.wait()
+                    await sleeper
                     if self._heir is sleeper:
                         self._heir = None
         finally:
+            self._asleep -= 1
             if self._heir is sleeper:
                 self._heir = None
-            self._parked.pop(sleeper, None)
-            if sleeper in point.sleepers:
-                point.sleepers.remove(sleeper)
-            self._unwatch(point)
-            if not self._draining and not self.closed:
-                # Nobody is draining right now. Deliver what is queued before leaving: this
-                # coroutine may have been cancelled before it drained, and the next drainer may
-                # be cancelled too; then hand the role on.
-                self._collect()
-                self._hand_off()
+            if not point.done:
+                sleepers.pop(sleeper, None)
+            # Unless the point's _finish() here settled the accounts of all its sleepers:
+            left = sleeping.get(point)
+            if left is not None:
+                if left > 1:
+                    sleeping[point] = left - 1
+                else:
+                    del sleeping[point]
+                    self._unwatch(point)
+            if not self.closed:
+                if not self._draining:
+                    # Nobody is draining right now. Deliver what is queued before leaving: this
+                    # coroutine may have been cancelled before it drained, and the next drainer
+                    # may be cancelled too; then hand the role on.
+                    self._collect()
+                    self._hand_off()
+                elif self._c.queued():
+                    # The drainer sleeps on the fd, which the loop looks at only between its
+                    # passes over the ready tasks: after a crowd's wake-up, thousands of them.
+                    # Completions that arrive meanwhile are delivered by whoever leaves first.
+                    self._collect()
 
     async def _drain(self, point: Point) -> None:
         """Be the drainer until ``point`` is done: sleep on the fd, deliver completions."""
@@ -484,19 +510,16 @@ class Notifier:
             self._check_faults()
 
     def _hand_off(self) -> None:
-        """Wake one parked coroutine so that it becomes the drainer, unless one woken for that
-        has not run yet: a crowd leaving at once wakes one heir, not one each. Sleepers already
-        woken are dropped on the way, so that costs O(1) per leaving coroutine."""
+        """Wake one sleeper so that its coroutine becomes the drainer, unless one woken for
+        that has not run yet: a crowd leaving at once wakes one heir, not one each."""
         if self._heir is not None:
             return
-        parked = self._parked
-        while parked:
-            s = next(iter(parked))
-            del parked[s]
-            if not s.is_set():
-                s.set()
-                self._heir = s
-                return
+        for point in self._sleeping:
+            for s in point.sleepers:
+                if not s.done():  # not woken already, nor cancelled
+                    s.set_result(None)
+                    self._heir = s
+                    return
 
     def _complete(self, tokens: list[int]) -> None:
         armed = self._armed

@@ -9,8 +9,6 @@ import time
 import weakref
 from typing import TYPE_CHECKING
 
-import anyio
-
 from . import _tuning
 from ._pools import give_back
 
@@ -18,6 +16,7 @@ if TYPE_CHECKING:
     from .._driver import Driver
     from .._errors import AiocudasemError
     from ._loop import Notifier
+    from ._sleepers import Sleeper
 
 __all__ = ("History", "Point")
 
@@ -116,7 +115,8 @@ class Point:
         # The notifier whose chain or host function has it, weakly: a loop that ends without
         # finalizing its async generators must not keep the point tied to it forever.
         self.owner: weakref.ref[Notifier] | None = None
-        self.sleepers: list[anyio.Event] = []
+        # The sleepers of the coroutines parked on it (dict: ordered, and O(1) to leave).
+        self.sleepers: dict[Sleeper, None] = {}
         self.waiting = 0  # coroutines inside wait()
         self.started = time.perf_counter()
         # When its event was recorded, where that matters (a point that waits may share):
@@ -131,7 +131,8 @@ class Point:
         self.error = error
         self.owner = None
         for s in self.sleepers:
-            s.set()
+            if not s.done():
+                s.set_result(None)
         self.sleepers.clear()
         self._release_event()
 

@@ -84,7 +84,7 @@ def statistics() -> Statistics:
         wakeups=c["wakeups"],
         armed=len(n._armed),
         chained=sum(len(chain) for chain in n._chains.values()),
-        parked=len(n._parked),
+        parked=n._asleep,
         spinning=n._spinners,
         watched=len(n._watched),
         drainer_wakeups=n._wakeups,

@@ -1,0 +1,101 @@
+"""How a parked coroutine sleeps and is woken: one sleeper per parked coroutine, native to its
+loop.
+
+A sleeper has the three methods of an asyncio future that parking needs: ``done()``,
+``set_result(None)`` (only when not done) and ``await``. On asyncio (and uvloop) it *is* a
+future of the loop: awaiting it resumes no Python frame, and waking it is one C call, where an
+``anyio.Event`` adds an ``asyncio.Event`` and two coroutine frames per wake-up. On trio it is the
+task itself, parked with ``wait_task_rescheduled`` and woken with ``reschedule``. A crowd of
+10,000 parked coroutines is woken at the cost of the loop resuming each, and little more.
+
+Both are cancellable as the loop's own primitives are: a cancelled asyncio task cancels the
+future it awaits (which is then done), and a cancelled trio task is aborted (and its sleeper
+marked done), so that nobody hands a role to a coroutine that is leaving.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from anyio.abc import AsyncBackend
+
+__all__ = ("Sleeper", "sleeper_factory")
+
+
+class Sleeper(Protocol):
+    """What parking needs of a sleeper: the subset of ``asyncio.Future`` below."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: None, /) -> None: ...
+
+    def __await__(self) -> Generator[Any, Any, Any]: ...
+
+
+def sleeper_factory(
+    library: str | None, backend: type[AsyncBackend], token: object
+) -> Callable[[], Sleeper]:
+    """A function that makes one sleeper for the loop of ``token`` (anyio's
+    ``current_token()``: the asyncio loop, or the trio token)."""
+    if library == "asyncio":
+        return token.create_future  # type: ignore[attr-defined,no-any-return]
+    if library == "trio":
+        return _trio_sleeper()
+    return lambda: _EventSleeper(backend)
+
+
+def _trio_sleeper() -> Callable[[], Sleeper]:
+    import trio.lowlevel
+
+    wait, reschedule = trio.lowlevel.wait_task_rescheduled, trio.lowlevel.reschedule
+    current_task, succeeded = trio.lowlevel.current_task, trio.lowlevel.Abort.SUCCEEDED
+
+    class TrioSleeper:
+        """A trio task parked until :meth:`set_result`, like a task awaiting a future."""
+
+        __slots__ = ("_done", "_task")
+
+        def __init__(self) -> None:
+            self._done = False
+            self._task: trio.lowlevel.Task | None = None
+
+        def done(self) -> bool:
+            return self._done
+
+        def set_result(self, result: None, /) -> None:
+            self._done = True
+            task = self._task
+            if task is not None:
+                self._task = None
+                reschedule(task)
+
+        def _abort(self, _raise_cancel: object) -> trio.lowlevel.Abort:
+            self._task = None
+            self._done = True  # cancelled, as a cancelled future is done
+            return succeeded
+
+        def __await__(self) -> Generator[Any, Any, Any]:
+            self._task = current_task()
+            return wait(self._abort).__await__()
+
+    return TrioSleeper
+
+
+class _EventSleeper:
+    """Any other anyio backend: an ``anyio.Event``."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self, backend: type[AsyncBackend]) -> None:
+        self._event = backend.create_event()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def set_result(self, result: None, /) -> None:
+        self._event.set()
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return self._event.wait().__await__()
