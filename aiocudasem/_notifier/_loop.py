@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import operator
 import os
 import threading
 import time
@@ -75,6 +76,10 @@ class Notifier:
         # the accounts of all its sleepers at once and a woken crowd leaves cheaply.
         self._sleeping: dict[Point, int] = {}
         self._asleep = 0  # coroutines inside _park(), the drainer included
+        self._park_order = itertools.count()  # each sleeper's place in the order of parking
+        # While _complete() runs: the sleepers of the points it finished, woken all together
+        # at its end, in the order in which they parked (see _wake_in_order()).
+        self._waking: list[dict[Sleeper, int]] | None = None
         self._draining = False
         self._drain_point: Point | None = None
         self._drain_scope: anyio.CancelScope | None = None
@@ -141,9 +146,7 @@ class Notifier:
         self._chains.clear()
         self._heads.clear()
         for p in self._sleeping:  # a coroutine still parked (the loop is going away) sees `closed`
-            for s in p.sleepers:
-                if not s.done():
-                    s.set_result(None)
+            _wake(p.sleepers)
         self._sleeping.clear()
         if self._drain_scope is not None:
             self._drain_scope.cancel()
@@ -309,7 +312,12 @@ class Notifier:
                 fault = error
         if self._sleeping.pop(point, 0):
             self._unwatch(point)  # the accounts of all its sleepers, which need not come back
-        point._finish(error)
+        sleepers = point._finish(error)
+        if sleepers:
+            if self._waking is not None:
+                self._waking.append(sleepers)
+            else:
+                _wake(sleepers)
         if point is self._drain_point and self._drain_scope is not None:
             # The drainer sleeps on the fd, not on its sleeper: wake it so that it can leave.
             self._drain_scope.cancel()
@@ -432,7 +440,7 @@ class Notifier:
             self._watch(point)
         sleeper = self._new_sleeper()
         sleepers = point.sleepers
-        sleepers[sleeper] = None
+        sleepers[sleeper] = next(self._park_order)
         self._asleep += 1
         try:
             while not point.done:
@@ -447,7 +455,7 @@ class Notifier:
                     # again.
                     del sleepers[sleeper]
                     sleeper = self._new_sleeper()
-                    sleepers[sleeper] = None
+                    sleepers[sleeper] = next(self._park_order)
                 else:
                     await sleeper
                     if self._heir is sleeper:
@@ -467,17 +475,15 @@ class Notifier:
                     del sleeping[point]
                     self._unwatch(point)
             if not self.closed:
+                # Deliver what is queued before leaving. Nobody may be draining right now: this
+                # coroutine may have been cancelled before it drained, and the next drainer may
+                # be cancelled too. And if one is, it sleeps on the fd, which the loop looks at
+                # only between its passes over the ready tasks: after a crowd's wake-up,
+                # thousands of them. So whoever leaves first delivers what arrived meanwhile.
+                if self._check or self._c.queued():
+                    self._collect()
                 if not self._draining:
-                    # Nobody is draining right now. Deliver what is queued before leaving: this
-                    # coroutine may have been cancelled before it drained, and the next drainer
-                    # may be cancelled too; then hand the role on.
-                    self._collect()
-                    self._hand_off()
-                elif self._c.queued():
-                    # The drainer sleeps on the fd, which the loop looks at only between its
-                    # passes over the ready tasks: after a crowd's wake-up, thousands of them.
-                    # Completions that arrive meanwhile are delivered by whoever leaves first.
-                    self._collect()
+                    self._hand_off()  # then hand the role on
 
     async def _drain(self, point: Point) -> None:
         """Be the drainer until ``point`` is done: sleep on the fd, deliver completions."""
@@ -522,17 +528,31 @@ class Notifier:
                     return
 
     def _complete(self, tokens: list[int]) -> None:
+        """Finish the points whose host functions fired, and those behind them in their
+        chains that are done too; then wake their sleepers."""
         armed = self._armed
-        for token in tokens:
-            point = armed.pop(token, None)
-            if point is not None:
-                point.token = 0
-                key = (point.driver, point.stream)
-                if self._heads.get(key) is point:
-                    del self._heads[key]
-                if not point.done:
-                    self._succeed(point)
-                self._advance(key)
+        outer = self._waking
+        waking: list[dict[Sleeper, int]] = []
+        self._waking = waking
+        try:
+            for token in tokens:
+                point = armed.pop(token, None)
+                if point is not None:
+                    point.token = 0
+                    key = (point.driver, point.stream)
+                    if self._heads.get(key) is point:
+                        del self._heads[key]
+                    if not point.done:
+                        self._succeed(point)
+                    self._advance(key)
+        finally:
+            self._waking = outer
+            if outer is not None:
+                outer.extend(waking)
+            elif len(waking) == 1:
+                _wake(waking[0])
+            elif waking:
+                _wake_in_order(waking)
 
     def _watch(self, point: Point) -> None:
         key = (point.driver, point.device)
@@ -577,6 +597,27 @@ class Notifier:
                     point.token = 0
                     point.pool = None  # its event stays with the dead context
                 self._finish(point, err)
+
+
+def _wake(sleepers: dict[Sleeper, int]) -> None:
+    for s in sleepers:
+        if not s.done():  # not cancelled, nor woken as the drainer's heir
+            s.set_result(None)
+
+
+def _wake_in_order(batches: list[dict[Sleeper, int]]) -> None:
+    """Wake the sleepers of several points in the order in which they parked, which the loop
+    then resumes them in: a crowd's coroutines were mostly created, and so laid out in memory,
+    in that order too. Point by point, a crowd of 10,000 coroutines dealt round-robin over 64
+    streams resumes in strides of 64 through memory, and each resume costs 1.5 to 2 times as
+    much (measured on the simulated device and an H200 host)."""
+    merged = sorted(itertools.chain.from_iterable(b.items() for b in batches), key=_second)
+    for s, _ in merged:
+        if not s.done():
+            s.set_result(None)
+
+
+_second = operator.itemgetter(1)
 
 
 async def _lifetime(ref: weakref.ref[Notifier]) -> AsyncGenerator[None, None]:

@@ -115,8 +115,9 @@ class Point:
         # The notifier whose chain or host function has it, weakly: a loop that ends without
         # finalizing its async generators must not keep the point tied to it forever.
         self.owner: weakref.ref[Notifier] | None = None
-        # The sleepers of the coroutines parked on it (dict: ordered, and O(1) to leave).
-        self.sleepers: dict[Sleeper, None] = {}
+        # The sleepers of the coroutines parked on it, each with its place in the order in
+        # which the loop's coroutines parked (a dict: O(1) to leave).
+        self.sleepers: dict[Sleeper, int] = {}
         self.waiting = 0  # coroutines inside wait()
         self.started = time.perf_counter()
         # When its event was recorded, where that matters (a point that waits may share):
@@ -124,17 +125,18 @@ class Point:
         self.recorded = -math.inf
         self.seq = next(Point._seq)  # creation order, which is FIFO order within a stream
 
-    def _finish(self, error: AiocudasemError | None) -> None:
+    def _finish(self, error: AiocudasemError | None) -> dict[Sleeper, int]:
+        """Mark the point done (failed with ``error`` if not None) and release its event.
+        Returns its sleepers, which the caller wakes (see ``Notifier._finish``)."""
         if self.done:
-            return
+            return {}
         self.done = True
         self.error = error
         self.owner = None
-        for s in self.sleepers:
-            if not s.done():
-                s.set_result(None)
-        self.sleepers.clear()
+        sleepers = self.sleepers
+        self.sleepers = {}
         self._release_event()
+        return sleepers
 
     def _release_event(self) -> None:
         """Nobody will query the event any more: a pooled one goes back to its pool, and no
