@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import aiocudasem as acs
@@ -575,3 +577,135 @@ async def test_with_spinning_on_a_crowd_makes_a_point_per_spinner_at_most(sim: S
             assert 1 <= chained <= acs.configure().max_spinners + 1
             gate.set()
         assert statistics().chained == 0
+
+
+async def test_a_crowd_larger_than_a_relay_run_all_wakes(sim: SimDriver, parked: None) -> None:
+    """A finished crowd is woken in runs of ``_RELAY``: every coroutine of a crowd several
+    runs long over several streams wakes, and the relay is empty and settled afterwards."""
+    from aiocudasem._notifier import _loop, current_notifier
+
+    n = 3 * _loop._RELAY + 17
+    woke = 0
+
+    async def one(s: acs.Stream) -> None:
+        nonlocal woke
+        await s.wait_complete()
+        woke += 1
+
+    async with acs.open_stream(driver=sim) as a, acs.open_stream(driver=sim) as b:
+        gates = [hold(a), hold(b)]
+        async with anyio.create_task_group() as tg:
+            for i in range(n):
+                tg.start_soon(one, (a, b)[i % 2])
+            await anyio.wait_all_tasks_blocked()
+            assert statistics().parked == n
+            for g in gates:
+                g.set()
+            with anyio.fail_after(10):
+                while woke < n:
+                    await anyio.sleep(0.001)
+        notifier = current_notifier()
+        assert not notifier._relaying
+        assert notifier._relayed == 0
+        assert statistics().parked == 0
+
+
+async def test_cancelling_part_of_a_relayed_crowd_loses_no_wake_up(
+    sim: SimDriver, parked: None
+) -> None:
+    """Coroutines cancelled while their crowd is being relayed leave, and the relay goes on
+    past them to the others."""
+    from aiocudasem._notifier import _loop, current_notifier
+
+    n = 4 * _loop._RELAY
+    scopes: list[anyio.CancelScope] = []
+    woke = cancelled = 0
+
+    async def one(s: acs.Stream, scope: anyio.CancelScope) -> None:
+        nonlocal woke, cancelled
+        with scope:
+            await s.wait_complete()
+            if woke == 0:  # the first to wake cancels every third, most not yet woken
+                for sc in scopes[::3]:
+                    sc.cancel()
+            woke += 1
+        if scope.cancelled_caught:
+            cancelled += 1
+
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        async with anyio.create_task_group() as tg:
+            for _ in range(n):
+                scopes.append(anyio.CancelScope())
+                tg.start_soon(one, s, scopes[-1])
+            await anyio.wait_all_tasks_blocked()
+            gate.set()
+            with anyio.fail_after(10):
+                while woke + cancelled < n:
+                    await anyio.sleep(0.001)
+        assert cancelled >= n // 8  # most of every third: those not woken in the first runs
+        assert woke + cancelled == n
+        assert not current_notifier()._relaying
+
+
+async def test_a_drainer_that_parked_late_leaves_the_relay_settled(
+    sim: SimDriver, parked: None
+) -> None:
+    """A drainer whose sleeper comes late in its crowd's relay leaves before the relay
+    reaches it: the whole crowd still wakes, and the relay ends empty, with nobody counted as
+    woken and still to run (too many of those, and it would stop waking anyone)."""
+    from aiocudasem._notifier import _loop, current_notifier
+
+    notifier = current_notifier()
+    sentinel: Any = object()  # stands for an heir woken already: no other is woken
+    n = 2 * _loop._RELAY
+    async with acs.open_stream(driver=sim) as a, acs.open_stream(driver=sim) as b:
+        for _ in range(3):
+            gate_a, gate_b = hold(a), hold(b)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(a.wait_complete)  # the drainer
+                await anyio.wait_all_tasks_blocked()
+                for _ in range(n):
+                    tg.start_soon(b.wait_complete)
+                await anyio.wait_all_tasks_blocked()
+                # The drainer leaves, and (no heir woken) the next to park drains: it parked
+                # after the whole crowd of b.
+                notifier._heir = sentinel
+                gate_a.set()
+                with anyio.fail_after(5):
+                    while notifier._draining:
+                        await anyio.lowlevel.checkpoint()
+                tg.start_soon(b.wait_complete)
+                await anyio.wait_all_tasks_blocked()
+                assert notifier._draining
+                notifier._heir = None
+                gate_b.set()
+            assert notifier._relayed == 0
+            assert not notifier._relaying
+
+
+async def test_a_batch_of_finished_points_wakes_its_sleepers_in_the_order_they_parked() -> None:
+    """Sleepers of several points finished together are woken in the order of parking, not
+    point by point."""
+    from aiocudasem._notifier import current_notifier
+
+    notifier = current_notifier()
+    woken: list[int] = []
+
+    class Recording:
+        def __init__(self, i: int) -> None:
+            self.i, self.set = i, False
+
+        def done(self) -> bool:
+            return self.set
+
+        def set_result(self, _result: None) -> None:
+            self.set = True
+            woken.append(self.i)
+
+    sleepers = [Recording(i) for i in range(9)]
+    first = {s: s.i for s in sleepers if s.i % 3 == 0}
+    second = {s: s.i for s in sleepers if s.i % 3 != 0}
+    notifier._relay_batch([first, second])  # type: ignore[list-item]
+    assert woken == list(range(9))
+    notifier._relayed = 0  # nobody will run for these

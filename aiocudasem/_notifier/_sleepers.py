@@ -1,8 +1,9 @@
 """How a parked coroutine sleeps and is woken: one sleeper per parked coroutine, native to its
 loop.
 
-A sleeper has the three methods of an asyncio future that parking needs: ``done()``,
-``set_result(None)`` (only when not done) and ``await``. On asyncio (and uvloop) it *is* a
+A sleeper has the four methods of an asyncio future that parking needs: ``done()``,
+``set_result(None)`` (only when not done), ``cancel()`` (when its coroutine leaves without it:
+nobody wakes it after that) and ``await``. On asyncio (and uvloop) it *is* a
 future of the loop: awaiting it resumes no Python frame, and waking it is one C call, where an
 ``anyio.Event`` adds an ``asyncio.Event`` and two coroutine frames per wake-up. On trio it is the
 task itself, parked with ``wait_task_rescheduled`` and woken with ``reschedule``. A crowd of
@@ -30,6 +31,8 @@ class Sleeper(Protocol):
     def done(self) -> bool: ...
 
     def set_result(self, result: None, /) -> None: ...
+
+    def cancel(self) -> bool: ...
 
     def __await__(self) -> Generator[Any, Any, Any]: ...
 
@@ -71,6 +74,12 @@ def _trio_sleeper() -> Callable[[], Sleeper]:
                 self._task = None
                 reschedule(task)
 
+        def cancel(self) -> bool:
+            if self._done or self._task is not None:
+                return False  # only ever called on a sleeper that nobody awaits
+            self._done = True
+            return True
+
         def _abort(self, _raise_cancel: object) -> trio.lowlevel.Abort:
             self._task = None
             self._done = True  # cancelled, as a cancelled future is done
@@ -96,6 +105,10 @@ class _EventSleeper:
 
     def set_result(self, result: None, /) -> None:
         self._event.set()
+
+    def cancel(self) -> bool:
+        self._event.set()
+        return True
 
     def __await__(self) -> Generator[Any, Any, Any]:
         return self._event.wait().__await__()
