@@ -575,13 +575,13 @@ class Notifier:
         The order is the one the loop then resumes them in, and a crowd's coroutines were
         mostly created, and so laid out in memory, in that order too. Point by point, a crowd
         of 10,000 coroutines dealt round-robin over 64 streams resumes in strides of 64 through
-        memory, and each resume costs up to twice as much (measured on the simulated device
-        and on an H200 host).
+        memory, and each resume costs up to twice as much (measured on a development
+        machine).
 
         The relay: up to ``_RELAY`` sleepers are woken at a time, and the coroutine that
         leaves with fewer than a quarter of those still to run wakes the next ones
         (``_park()``). So the first resume as soon as the loop runs them, not after the
-        drainer has woken a crowd of 10,000 (10-20 ms on an H200 host), and the loop looks at
+        drainer has woken a crowd of 10,000 (11-18 ms on an H200 host), and the loop looks at
         its fds and its other tasks between the crowd's turns. Woken in runs, not one by one
         as each leaves, the crowd keeps the cost per coroutine of waking it all at once."""
         if len(batches) == 1:
