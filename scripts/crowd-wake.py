@@ -12,6 +12,10 @@ of ``all`` wakes each batch's sleepers at once. On the GPU machine:
 
 or, with the package importable, ``python3 scripts/crowd-wake.py [ROUNDS] [RELAYS]``, for
 example ``python3 scripts/crowd-wake.py 4 256,all,1024`` (the default);
+``256busy`` is a relay of 256 with the loop's thread kept busy in Python until 1 ms before the
+kernels end, so that a thread that has not slept wakes the crowd; ``256warm`` runs a full
+garbage collection 0.1 s before the end, which reads every object of the crowd. Each line ends
+with the CPU the loop's thread ran on 0.2 s before the end and at the first wake-up.
 ``AIOCUDASEM_DRIVER=sim`` for the simulated device, whose host functions need the GIL and so
 arrive later and spread out.
 """
@@ -45,8 +49,28 @@ def _traced(self: _loop.Notifier, tokens: list[int]) -> None:
 _loop.Notifier._complete = _traced  # type: ignore[method-assign]
 
 
-async def crowd(run: Workloads, hs: list[int], ap: Approach, waiters: int = 10_000) -> str:
+def _cpu() -> int:
+    """The CPU this thread runs on now (Linux; -1 elsewhere)."""
+    try:
+        with open("/proc/thread-self/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+async def crowd(
+    run: Workloads,
+    hs: list[int],
+    ap: Approach,
+    waiters: int = 10_000,
+    busy: bool = False,
+    warm: bool = False,
+) -> str:
+    """``busy``: keep the loop's thread busy in Python until 1 ms before the kernels end, so
+    that the crowd is woken by a thread that has not slept. ``warm``: run a full garbage
+    collection, which reads every object of the crowd, 0.1 s before the kernels end."""
     woke: list[float] = []
+    cpus: list[int] = []
     started = 0
     all_started = anyio.Event()
 
@@ -56,6 +80,8 @@ async def crowd(run: Workloads, hs: list[int], ap: Approach, waiters: int = 10_0
         if started == waiters:
             all_started.set()
         await ap.wait(h)
+        if not woke:
+            cpus.append(_cpu())
         woke.append(time.perf_counter())
 
     batches.clear()
@@ -68,7 +94,14 @@ async def crowd(run: Workloads, hs: list[int], ap: Approach, waiters: int = 10_0
         await all_started.wait()
         gc.collect()
         in_time = time.perf_counter() - t0 < PARKED_KERNEL_NS / 1e9
-    end = t0 + PARKED_KERNEL_NS / 1e9
+        end = t0 + PARKED_KERNEL_NS / 1e9
+        await anyio.sleep(max(0.0, end - 0.2 - time.perf_counter()))
+        cpus.append(_cpu())
+        if warm:
+            await anyio.sleep(max(0.0, end - 0.1 - time.perf_counter()))
+            gc.collect()
+        while busy and time.perf_counter() < end - 0.001:
+            pass
     woke.sort()
 
     def at(p: float) -> str:
@@ -77,7 +110,7 @@ async def crowd(run: Workloads, hs: list[int], ap: Approach, waiters: int = 10_0
     out = (
         f"all parked and collected before the end: {in_time}; ms after the end: p1 {at(0.01)} "
         f"p10 {at(0.1)} p25 {at(0.25)} p50 {at(0.5)} p75 {at(0.75)} p90 {at(0.9)} "
-        f"p99 {at(0.99)} last {at(1.0)}"
+        f"p99 {at(0.99)} last {at(1.0)}; CPU before / at the first wake-up: {cpus}"
     )
     if batches:
         shown = [(round((t - end) * 1e3, 1), n, round(d * 1e3, 2)) for t, n, d in batches[:6]]
@@ -92,17 +125,22 @@ async def main() -> None:
     run = workloads(drv)
     hs = [drv.stream_create(0, True, 0) for _ in range(64)]
     library, poll = Aiocudasem(drv), PollSleep0(drv)
-    kinds: list[tuple[str, Approach, int]] = [("poll", poll, 0)]
-    kinds += [(f"relay {r}", library, 10**9 if r == "all" else int(r)) for r in relays]
+    kinds: list[tuple[str, Approach, int, str]] = [("poll", poll, 0, "")]
+    for spec in relays:  # "256busy", "256warm": see crowd()
+        how = "busy" if spec.endswith("busy") else "warm" if spec.endswith("warm") else ""
+        length = spec.removesuffix(how)
+        name = f"relay {length}" + (f", {how}" if how else "")
+        kinds.append((name, library, 10**9 if length == "all" else int(length), how))
     default = _loop._RELAY
     print(f"warm-up: {await crowd(run, hs, library, 1000)}", flush=True)
     try:
         for r in range(rounds):
             k = r % len(kinds)
-            for name, ap, relay in kinds[k:] + kinds[:k]:
+            for name, ap, relay, how in kinds[k:] + kinds[:k]:
                 _loop._RELAY = relay or default
                 _loop._RELAY_LOW = _loop._RELAY // 4
-                print(f"{name:11} {await crowd(run, hs, ap)}", flush=True)
+                woken = await crowd(run, hs, ap, busy=how == "busy", warm=how == "warm")
+                print(f"{name:17} {woken}", flush=True)
     finally:
         _loop._RELAY, _loop._RELAY_LOW = default, default // 4
 
