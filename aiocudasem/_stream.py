@@ -242,7 +242,14 @@ class Stream(OnDevice):
             await notifier.checkpoint()
             if not finalizer.alive:
                 self.handle  # noqa: B018 - closed by another task: ClosedResourceError
-            if drv.stream_query(handle):
+            try:
+                done = drv.stream_query(handle)
+            except DeviceFaultError as exc:
+                # Reported as the notifier reports a fault it finds (once per device): a
+                # program whose waits all end here would otherwise raise it unlogged.
+                _log.device_fault(drv, self._device, exc)
+                raise
+            if done:
                 notifier._completed += 1
                 self._history.learn(_clock() - started)
                 return

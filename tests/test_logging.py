@@ -221,3 +221,23 @@ def test_a_kernel_that_cannot_load_ahead_of_the_first_wait_is_logged(
     warnings = _records(caplog, logging.WARNING)
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     assert "ahead of device 0's first semaphore wait failed" in warnings[0].getMessage()
+
+
+@pytest.mark.anyio
+async def test_a_fault_that_an_await_finds_by_its_query_is_logged_once(
+    sim: SimDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An await of a stream that finds the device faulted by its first query (no point, no
+    watchdog involved) logs the fault as the notifier does: once per device."""
+    caplog.set_level(logging.INFO, logger="aiocudasem")
+    before = statistics().faults_seen
+    stream = acs.open_stream(driver=sim)
+    sim.inject_fault(0)
+    for _ in range(3):
+        with pytest.raises(acs.DeviceFaultError):
+            await stream.wait_complete()
+    errors = _records(caplog, logging.ERROR)
+    assert len(errors) == 1, [r.getMessage() for r in errors]
+    assert "device 0 of the sim driver faulted" in errors[0].getMessage()
+    assert statistics().faults_seen == before + 1
+    stream.close()
