@@ -166,6 +166,70 @@ def test_an_event_awaited_by_two_loops_at_once_is_refused(parked: None) -> None:
     s.close()
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_loop_that_meets_another_loops_arming_mid_wait_is_refused(
+    parked: None, backend: str
+) -> None:
+    """Loop B begins to wait for an event before loop A has armed it, and A arms it during
+    B's first checkpoint. B must be refused when it comes to arm, not park on A's host
+    function (which reports to A's fd, never to B's: B would hang, and A would wake B's
+    coroutines from A's thread)."""
+    from aiocudasem._notifier import current_notifier
+
+    sim = SimDriver(devices=1)
+    s = acs.open_stream(driver=sim)
+    gate = hold(s)
+    ev = s.record()
+    b_began, armed_in_a = threading.Event(), threading.Event()
+    outcome: list[BaseException | None] = []
+
+    async def loop_b() -> None:
+        notifier = current_notifier()
+        checkpoint, first = notifier.checkpoint, True
+
+        def checkpoint_after_a_arms() -> Any:
+            nonlocal first
+            if first:  # B's first checkpoint: A arms the point meanwhile
+                first = False
+                b_began.set()
+                assert armed_in_a.wait(5)
+            return checkpoint()
+
+        notifier.checkpoint = checkpoint_after_a_arms
+        try:
+            with anyio.fail_after(5):
+                await ev.wait()
+        except BaseException as exc:
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    t = threading.Thread(target=anyio.run, args=(loop_b,), kwargs={"backend": backend})
+    t.start()
+
+    async def loop_a() -> None:
+        assert await anyio.to_thread.run_sync(b_began.wait, 5)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ev.wait)
+            await anyio.wait_all_tasks_blocked()
+            armed_in_a.set()
+            await anyio.to_thread.run_sync(t.join, 10)
+            gate.set()
+
+    try:
+        anyio.run(loop_a)
+    finally:
+        armed_in_a.set()
+        gate.set()
+        t.join(10)
+    assert not t.is_alive()
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], anyio.BusyResourceError), repr(outcome[0])
+    assert "one event loop at a time" in str(outcome[0])
+    ev.close()
+    s.close()
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # 3.12+: fork() with threads
 def test_a_forked_child_gets_a_clear_error_not_a_hang() -> None:
     sim = SimDriver(devices=1)

@@ -709,3 +709,67 @@ async def test_a_batch_of_finished_points_wakes_its_sleepers_in_the_order_they_p
     notifier._relay_batch([first, second])  # type: ignore[list-item]
     assert woken == list(range(9))
     notifier._relayed = 0  # nobody will run for these
+
+
+async def test_a_leaving_coroutine_delivers_completions_while_the_drainer_waits_for_its_fd(
+    sim: SimDriver, parked: None
+) -> None:
+    """The drainer sleeps on the fd, which the loop looks at only between its passes; a
+    coroutine that leaves its park meanwhile delivers what is queued. Here the drainer's fd
+    wait is held until the end, so only the leaving coroutine can deliver."""
+    from aiocudasem._notifier import current_notifier
+
+    notifier = current_notifier()
+    real, unblock = notifier._backend, anyio.Event()
+
+    class HeldFd:
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        async def wait_readable(self, fd: int) -> None:
+            await unblock.wait()
+
+    notifier._backend = HeldFd()  # type: ignore[assignment]
+    woke_b = 0
+
+    async def wait_b(s: acs.Stream) -> None:
+        nonlocal woke_b
+        await s.wait_complete()
+        woke_b += 1
+
+    try:
+        async with (
+            acs.open_stream(driver=sim) as a,
+            acs.open_stream(driver=sim) as b,
+            acs.open_stream(driver=sim) as c,
+        ):
+            gates = [hold(a), hold(b), hold(c)]
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(a.wait_complete)  # the drainer
+                await anyio.wait_all_tasks_blocked()
+                assert notifier._draining
+                for _ in range(3):
+                    tg.start_soon(wait_b, b)
+                leaver = anyio.CancelScope()
+
+                async def wait_c() -> None:
+                    with leaver:
+                        await c.wait_complete()
+
+                tg.start_soon(wait_c)
+                await anyio.wait_all_tasks_blocked()
+                gates[1].set()  # b's completion reaches the queue; nobody reads the fd
+                with anyio.fail_after(5):
+                    while not notifier._c.queued():
+                        await anyio.sleep(0.001)
+                assert woke_b == 0
+                leaver.cancel()  # c's coroutine leaves, and delivers b's completion
+                with anyio.fail_after(5):
+                    while woke_b < 3:
+                        await anyio.sleep(0.001)
+                assert notifier._draining  # the drainer never woke
+                unblock.set()
+                gates[0].set()
+                gates[2].set()
+    finally:
+        notifier._backend = real

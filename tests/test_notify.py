@@ -69,6 +69,21 @@ def test_constructor_takes_no_arguments() -> None:
         Notifier(x=1)  # type: ignore[call-arg]
 
 
+def test_queued_says_whether_a_completion_waits_and_reads_nothing(notifier: Notifier) -> None:
+    assert notifier.queued() is False
+    host_fn(notifier.arm(1))
+    assert notifier.queued() is True
+    assert readable(notifier.fileno())  # queued() left the wake-up for drain() to consume
+    assert notifier.queued() is True
+    assert notifier.drain() == [1]
+    assert notifier.queued() is False
+    assert notifier.kick()  # a wake-up without a completion queues nothing
+    assert notifier.queued() is False
+    host_fn(notifier.arm(2))
+    notifier.close()
+    assert notifier.queued() is False  # closed: nothing will be delivered
+
+
 def test_arm_returns_distinct_nonzero_user_data(notifier: Notifier) -> None:
     users = [notifier.arm(i) for i in range(50)]
     assert all(isinstance(u, int) and u != 0 for u in users)

@@ -150,14 +150,16 @@ class Notifier:
         self._armed.clear()
         self._chains.clear()
         self._heads.clear()
-        for p in self._sleeping:  # a coroutine still parked (the loop is going away) sees `closed`
-            _wake(p.sleepers)
-        _wake(self._relaying)
-        self._relaying.clear()
-        self._sleeping.clear()
-        if self._drain_scope is not None:
-            self._drain_scope.cancel()
-        self._c.close()
+        try:
+            for p in self._sleeping:  # a coroutine still parked (the loop is going away) sees
+                _wake(p.sleepers)  # `closed`
+            _wake(self._relaying)
+        finally:
+            self._relaying.clear()
+            self._sleeping.clear()
+            if self._drain_scope is not None:
+                self._drain_scope.cancel()
+            self._c.close()
 
     def _fault_detected(self) -> None:
         """From the watchdog thread (or the fork handler): a device that coroutines here are
@@ -256,19 +258,9 @@ class Notifier:
         """Wait until ``point`` completes. Always a checkpoint. Raises what the point failed
         with (``DeviceFaultError`` after a device fault). Cancellation abandons the wait
         only: the point stays armed and other waiters keep their wake-ups."""
-        ref = point.owner
-        if ref is not None and not point.done and ref() is not self:
-            owner = ref()
-            if owner is not None and not owner.closed:
-                await self._backend.checkpoint_if_cancelled()
-                exc = anyio.BusyResourceError("waiting on")
-                exc.args = (
-                    "this point is being awaited in another event loop; await an Event from "
-                    "one event loop at a time",
-                )
-                raise exc
-            point.owner = None
-            point.token = 0
+        if not point.done and not self._may_own(point):
+            await self._backend.checkpoint_if_cancelled()
+            raise _busy_elsewhere()
         # Each path below passes a full checkpoint (the first one, the spin loop's or the
         # park's), so there is no separate cancellation check up front.
         point.waiting += 1
@@ -375,10 +367,31 @@ class Notifier:
         finally:
             self._spinners -= 1
 
+    def _may_own(self, point: Point) -> bool:
+        """Whether this loop may arm and park on ``point``: no other open loop's notifier
+        has it. One whose loop has ended loses it here."""
+        ref = point.owner
+        if ref is None or ref is self._ref:
+            return True
+        owner = ref()
+        if owner is not None and not owner.closed:
+            return False
+        point.owner = None
+        point.token = 0
+        return True
+
     def _arm(self, point: Point) -> None:
         """Make sure ``point`` will be woken: join its stream's chain, and launch a host
-        function for it if the chain has none outstanding."""
-        if point.token or point.done:
+        function for it if the chain has none outstanding. Raises ``BusyResourceError`` if
+        another loop armed it meanwhile (``wait()`` checks first, but a wait that spins or
+        passes a checkpoint before it arms can meet a loop that armed it in between): parked
+        here, this loop's coroutines would wait for a host function that reports to the
+        other loop, and that loop would wake them from its own thread."""
+        if point.done:
+            return
+        if not self._may_own(point):
+            raise _busy_elsewhere()
+        if point.token:
             return
         if self.closed:
             raise anyio.ClosedResourceError("the event loop's notifier is closed")
@@ -468,17 +481,12 @@ class Notifier:
                     if self._heir is sleeper:
                         self._heir = None
         finally:
-            if self._relayed:  # a woken crowd's relay (see _relay_batch()), counted loosely:
-                # a coroutine woken otherwise counts too, which only wakes the next run sooner
-                self._relayed -= 1
-                if self._relaying and self._relayed <= _RELAY_LOW:
-                    self._relay()
             self._asleep -= 1
             if self._heir is sleeper:
                 self._heir = None
             if not sleeper.done():
-                # Left without being woken (the drainer, or a wait that failed): nobody wakes
-                # it after this, least of all a relay that would count it as woken.
+                # Left without being woken (the drainer, or a wait that failed): a relay that
+                # reaches it skips it, rather than spend a place of its run on it.
                 sleeper.cancel()
             if not point.done:
                 sleepers.pop(sleeper, None)
@@ -490,6 +498,11 @@ class Notifier:
                 else:
                     del sleeping[point]
                     self._unwatch(point)
+            if self._relayed:  # a woken crowd's relay (see _relay_batch()), counted loosely:
+                # a coroutine woken otherwise counts too, which only wakes the next run sooner
+                self._relayed -= 1
+                if self._relaying and self._relayed <= _RELAY_LOW:
+                    self._relay()
             if not self.closed:
                 # Deliver what is queued before leaving. Nobody may be draining right now: this
                 # coroutine may have been cancelled before it drained, and the next drainer may
@@ -648,6 +661,15 @@ class Notifier:
                     point.token = 0
                     point.pool = None  # its event stays with the dead context
                 self._finish(point, err)
+
+
+def _busy_elsewhere() -> anyio.BusyResourceError:
+    exc = anyio.BusyResourceError("waiting on")
+    exc.args = (
+        "this point is being awaited in another event loop; await an Event from one event "
+        "loop at a time",
+    )
+    return exc
 
 
 def _wake(sleepers: Iterable[Sleeper]) -> None:

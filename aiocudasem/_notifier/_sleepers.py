@@ -86,10 +86,17 @@ def _trio_sleeper() -> Callable[[], Sleeper]:
             return succeeded
 
         def __await__(self) -> Generator[Any, Any, Any]:
+            if self._done:  # as a done future: no wait (parking never awaits one)
+                return _no_wait()
             self._task = current_task()
             return wait(self._abort).__await__()
 
     return TrioSleeper
+
+
+def _no_wait() -> Generator[Any, Any, Any]:
+    return
+    yield  # a generator that ends at once
 
 
 class _EventSleeper:
