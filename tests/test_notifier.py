@@ -773,3 +773,43 @@ async def test_a_leaving_coroutine_delivers_completions_while_the_drainer_waits_
                 gates[2].set()
     finally:
         notifier._backend = real
+
+
+async def test_a_sleeper_keeps_the_future_contract_that_parking_relies_on() -> None:
+    """On every loop: woken before its await, an await returns at once; a cancelled await
+    leaves the sleeper done (so nobody wakes or hands a role to a leaving coroutine); one that
+    nobody awaits can be cancelled, and is then done."""
+    from aiocudasem._notifier import current_notifier
+
+    new = current_notifier()._new_sleeper
+    s = new()
+    assert not s.done()
+    s.set_result(None)
+    assert s.done()
+    with anyio.fail_after(1):
+        await s
+
+    s = new()
+    with anyio.move_on_after(0.01) as scope:
+        await s
+    assert scope.cancelled_caught
+    assert s.done()
+
+    s = new()
+    assert s.cancel()
+    assert s.done()
+
+    s = new()
+    woke = False
+
+    async def sleep() -> None:
+        nonlocal woke
+        await s
+        woke = True
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sleep)
+        await anyio.wait_all_tasks_blocked()
+        assert not woke
+        s.set_result(None)
+    assert woke
