@@ -560,9 +560,8 @@ class Notifier:
         """Finish the points whose host functions fired, and those behind them in their
         chains that are done too; then wake their sleepers."""
         armed = self._armed
-        outer = self._waking
         waking: list[dict[Sleeper, int]] = []
-        self._waking = waking
+        self._waking = waking  # nothing below delivers completions: no nested _complete()
         try:
             for token in tokens:
                 point = armed.pop(token, None)
@@ -575,10 +574,8 @@ class Notifier:
                         self._succeed(point)
                     self._advance(key)
         finally:
-            self._waking = outer
-            if outer is not None:
-                outer.extend(waking)
-            elif waking:
+            self._waking = None
+            if waking:
                 self._relay_batch(waking)
 
     def _relay_batch(self, batches: list[dict[Sleeper, int]]) -> None:
