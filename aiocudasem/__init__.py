@@ -13,6 +13,7 @@ from ._errors import CudaError as CudaError
 from ._errors import DeviceFaultError as DeviceFaultError
 from ._errors import DeviceMismatchError as DeviceMismatchError
 from ._errors import DriverUnavailableError as DriverUnavailableError
+from ._errors import UnsupportedFeatureError as UnsupportedFeatureError
 from ._errors import UnsupportedHandleTypeError as UnsupportedHandleTypeError
 from ._errors import VulkanError as VulkanError
 from ._errors import VulkanUnavailableError as VulkanUnavailableError
@@ -20,7 +21,9 @@ from ._foreign import wait_event as wait_event
 from ._handles import HandleType as HandleType
 from ._notifier import Tuning as Tuning
 from ._notifier import configure as configure
+from ._processes import receive_host_timeline as receive_host_timeline
 from ._processes import receive_semaphore as receive_semaphore
+from ._processes import send_host_timeline as send_host_timeline
 from ._processes import send_semaphore as send_semaphore
 from ._semaphore import ExternalSemaphore as ExternalSemaphore
 from ._semaphore import Signal as Signal
@@ -32,6 +35,9 @@ from ._stream import Stream as Stream
 from ._stream import open_stream as open_stream
 from ._stream import wait_external_semaphores as wait_external_semaphores
 from ._stream import wait_stream as wait_stream
+from ._timeline import HostTimeline as HostTimeline
+from ._timeline import create_host_timeline as create_host_timeline
+from ._timeline import open_host_timeline as open_host_timeline
 
 __version__ = "0.1.0"
 
@@ -47,19 +53,25 @@ __all__ = (
     "ExternalSemaphore",
     "HandOff",
     "HandleType",
+    "HostTimeline",
     "Signal",
     "Stream",
     "Tuning",
+    "UnsupportedFeatureError",
     "UnsupportedHandleTypeError",
     "VulkanError",
     "VulkanUnavailableError",
     "Wait",
     "configure",
+    "create_host_timeline",
     "get_driver",
     "import_semaphore",
+    "open_host_timeline",
     "open_stream",
     "ready",
+    "receive_host_timeline",
     "receive_semaphore",
+    "send_host_timeline",
     "send_semaphore",
     "wait_event",
     "wait_external_semaphores",

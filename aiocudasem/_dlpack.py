@@ -13,9 +13,9 @@ from typing import Final
 
 import anyio.lowlevel
 
+from ._checks import resolve_driver
 from ._driver import Driver
 from ._notifier import wait_private_stream
-from ._semaphore import resolve_driver
 
 __all__ = ("ready",)
 

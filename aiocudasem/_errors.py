@@ -20,6 +20,7 @@ __all__ = (
     "DeviceFaultError",
     "DeviceMismatchError",
     "DriverUnavailableError",
+    "UnsupportedFeatureError",
     "UnsupportedHandleTypeError",
     "VulkanError",
     "VulkanUnavailableError",
@@ -131,6 +132,13 @@ class UnsupportedHandleTypeError(AiocudasemError):
     provide it (Win32 and D3D handles off Windows, NvSciSync off Tegra/DRIVE). ``status`` is
     801 (``CUDA_ERROR_NOT_SUPPORTED``) where the driver refused the import, and ``None`` for a
     Windows type off Windows, which is refused before the driver is called."""
+
+
+class UnsupportedFeatureError(AiocudasemError):
+    """The device cannot do what a feature needs, for example a host timeline on a device
+    without 64-bit stream memory operations or mapped host memory. The message names the
+    missing capability. ``status`` is ``None`` where a device attribute said so, and the
+    ``CUresult`` where the driver refused the call."""
 
 
 class VulkanError(AiocudasemError):

@@ -27,9 +27,9 @@ from typing import Final
 
 import anyio.lowlevel
 
+from ._checks import check_device, check_ordinal, resolve_driver
 from ._driver import Driver
 from ._notifier import Point, current_notifier
-from ._semaphore import check_device, check_ordinal, resolve_driver
 from ._stream import Event, Stream
 
 __all__ = ("foreign_key", "wait_event")

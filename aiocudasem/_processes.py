@@ -1,10 +1,12 @@
-"""Handing an exported semaphore to another process: :func:`send_semaphore` and
-:func:`receive_semaphore`, over a Unix socket with anyio's ``send_fds``/``receive_fds``.
+"""Handing an exported semaphore or a host timeline to another process: :func:`send_semaphore`
+and :func:`receive_semaphore`, :func:`send_host_timeline` and :func:`receive_host_timeline`,
+over a Unix socket with anyio's ``send_fds``/``receive_fds``.
 
 A semaphore travels as its exported fd (``SCM_RIGHTS``) with one fixed-size message that says
-what the fd is: a protocol tag and version, and the :class:`HandleType`'s name. Nothing else
-is shared: each side has its own driver and context, and the receiver imports the fd as
-:func:`import_semaphore` does.
+what the fd is: a protocol tag and version, and the :class:`HandleType`'s name. A host
+timeline travels as the fd of its shared page, with a message of its own tag. Nothing else is
+shared: each side has its own driver and context, and the receiver imports the fd as
+:func:`import_semaphore` does, or maps the page as :func:`open_host_timeline` does.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ import anyio.abc
 from ._driver import Driver
 from ._handles import HandleType, lookup
 from ._semaphore import ExternalSemaphore, import_semaphore
+from ._timeline import HostTimeline, open_host_timeline
 
-__all__ = ("receive_semaphore", "send_semaphore")
+__all__ = ("receive_host_timeline", "receive_semaphore", "send_host_timeline", "send_semaphore")
 
 _TAG: Final = b"aiocudasem-semaphore 1 "
+_TIMELINE_TAG: Final = b"aiocudasem-host-timeline 1"
 _SIZE: Final = 64  # every message is padded to this size, so that one receive takes it whole
 
 
@@ -101,3 +105,48 @@ def _parse(message: bytes, fds: list[int]) -> HandleType:
         return HandleType[name]
     except KeyError:
         raise ValueError(f"received a semaphore of unknown handle type {name!r}") from None
+
+
+async def send_host_timeline(stream: anyio.abc.UNIXSocketStream, timeline: HostTimeline) -> None:
+    """Send a host timeline over a Unix socket, for the process at the other end to open with
+    :func:`receive_host_timeline`: both then share one value. This process keeps its timeline
+    (a new fd of its page is sent, and this process's copy of that fd is closed afterwards).
+    Use the socket as :func:`send_semaphore` says. A checkpoint. Raises ``TypeError`` for
+    anything but a :class:`HostTimeline`, ``anyio.ClosedResourceError`` for a closed one, and
+    what anyio's ``send_fds`` raises for the socket."""
+    if not isinstance(timeline, HostTimeline):
+        raise TypeError(f"expected an aiocudasem.HostTimeline, not {type(timeline).__name__}")
+    fd = timeline.export_fd()
+    try:
+        await stream.send_fds(_TIMELINE_TAG.ljust(_SIZE, b" "), [fd])
+    finally:
+        os.close(fd)
+
+
+async def receive_host_timeline(
+    stream: anyio.abc.UNIXSocketStream,
+    *,
+    device: int = 0,
+    driver: Driver | str | None = None,
+) -> HostTimeline:
+    """Receive a host timeline that the peer sent with :func:`send_host_timeline`, and open
+    it on ``device`` (``driver`` as for :func:`open_host_timeline`).
+
+    A checkpoint; cancelling it before a message arrives receives nothing. Raises
+    ``anyio.EndOfStream`` if the peer closed the connection, ``ValueError`` for a message that
+    is not a host timeline of this protocol (any fd it carried is closed), and what
+    :func:`open_host_timeline` raises (the fd is closed then too)."""
+    message, fds = await stream.receive_fds(_SIZE, 2)
+    try:
+        if len(message) != _SIZE or message.rstrip(b" ") != _TIMELINE_TAG:
+            raise ValueError(
+                f"received {message[:_SIZE]!r}, not a host timeline sent by "
+                "aiocudasem.send_host_timeline (protocol 1)"
+            )
+        if len(fds) != 1:
+            raise ValueError(f"a host timeline message carries one fd, this one {len(fds)}")
+        return open_host_timeline(fds[0], device=device, driver=driver)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise

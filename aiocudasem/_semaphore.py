@@ -16,11 +16,13 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from . import _release
-from ._driver import Driver, SemaphoreDesc, SemOp, get_driver
+from ._checks import check_device, check_ordinal, check_uint, resolve_driver
+from ._driver import Driver, SemaphoreDesc, SemOp
 from ._errors import CudaError, UnsupportedHandleTypeError
 from ._handles import HandleInfo, HandleType, info
 from ._lifetime import OnDevice
 from ._notifier import wait_private_stream
+from ._timeline import LIMIT, HostTimeline
 
 if TYPE_CHECKING:
     from typing import Self
@@ -40,38 +42,6 @@ _WAIT_SKIP_NVSCIBUF_MEMSYNC: Final = 0x2
 _SIGNAL_SKIP_NVSCIBUF_MEMSYNC: Final = 0x1
 _NOT_SUPPORTED: Final = 801
 _E = TypeVar("_E", "Wait", "Signal")
-
-
-def resolve_driver(driver: Driver | str | None) -> Driver:
-    """``None`` or a name through :func:`get_driver`; a driver object as it is."""
-    if driver is None or isinstance(driver, str):
-        return get_driver(driver)
-    if not isinstance(driver, Driver):
-        raise TypeError(f"driver must be 'cuda', 'sim', None or a driver object, not {driver!r}")
-    return driver
-
-
-def check_ordinal(device: object) -> int:
-    """``device`` as a device ordinal: ``TypeError`` for anything but an int (a bool
-    included)."""
-    if not isinstance(device, int) or isinstance(device, bool):
-        raise TypeError(f"device must be an int ordinal, not {type(device).__name__}")
-    return device
-
-
-def check_device(driver: Driver, device: int) -> None:
-    """``ValueError`` unless ``driver`` has a device ``device``."""
-    count = driver.device_count()
-    if not 0 <= device < count:
-        raise ValueError(f"device {device} does not exist: {count} device(s)")
-
-
-def check_uint(name: str, value: object, bound: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if not 0 <= value < bound:
-        raise ValueError(f"{name} must be in [0, 2**{bound.bit_length() - 1}), got {value}")
-    return value
 
 
 def _platform_check(handle_type: HandleType, row: HandleInfo) -> None:
@@ -310,7 +280,8 @@ class Wait:
     - keyed mutexes: no ``value``; ``key`` to acquire with and ``timeout_ms`` (``None`` waits
       forever);
     - NvSciSync: no ``value``; ``nvsci_fence`` is the address of an ``NvSciSyncFence``, and
-      ``skip_nvscibuf_memsync`` skips the NvSciBuf memory synchronisation.
+      ``skip_nvscibuf_memsync`` skips the NvSciBuf memory synchronisation;
+    - a :class:`HostTimeline`: ``value`` is required, in [0, 2**63): ``Wait(timeline, n)``.
 
     The entry is checked when it is made: ``TypeError`` for a field of the wrong type or a
     timeline wait without a value, ``ValueError`` for a field out of range or one that does not
@@ -318,10 +289,10 @@ class Wait:
     A number is an ``int`` (a ``bool`` is refused).
     """
 
-    #: The semaphore to wait on. The entry keeps it alive.
-    semaphore: ExternalSemaphore
-    #: The value to wait for, in [0, 2**64): required for timelines and fences, ``None`` for
-    #: the other types.
+    #: The semaphore to wait on, or a :class:`HostTimeline`. The entry keeps it alive.
+    semaphore: ExternalSemaphore | HostTimeline
+    #: The value to wait for, in [0, 2**64) (a host timeline's in [0, 2**63)): required for
+    #: timelines and fences, ``None`` for the other types.
     value: int | None = None
     #: The key to acquire a keyed mutex with, in [0, 2**64); 0 for the other types.
     key: int = 0
@@ -336,7 +307,7 @@ class Wait:
     def __post_init__(self) -> None:
         kind = _check_entry("Wait", self.semaphore, self.value, self.key, self.nvsci_fence)
         if self.timeout_ms is not None:
-            if info(kind).sync != "keyed_mutex":
+            if kind is None or info(kind).sync != "keyed_mutex":
                 raise ValueError("timeout_ms applies to keyed mutexes only")
             check_uint("timeout_ms", self.timeout_ms, _INFINITE)
         _check_skip(kind, self.skip_nvscibuf_memsync)
@@ -358,16 +329,17 @@ class Signal:
 
     Timeline/fence semaphores are set to ``value``, which is required: ``Signal(sem, n)``.
     Binary ones are signalled and take no value: ``Signal(sem)``. Keyed mutexes are released
-    with ``key``; NvSciSync takes ``nvsci_fence``. Checked when made, as :class:`Wait` is:
+    with ``key``; NvSciSync takes ``nvsci_fence``. A :class:`HostTimeline` is written
+    ``value``, in [0, 2**63). Checked when made, as :class:`Wait` is:
     ``TypeError`` for a field of the wrong type or a timeline signal without a value,
     ``ValueError`` for a field out of range or one that does not apply to the semaphore's
     type, and ``anyio.ClosedResourceError`` for a closed semaphore.
     """
 
-    #: The semaphore to signal. The entry keeps it alive.
-    semaphore: ExternalSemaphore
-    #: The value to set, in [0, 2**64): required for timelines and fences, ``None`` for the
-    #: other types.
+    #: The semaphore to signal, or a :class:`HostTimeline`. The entry keeps it alive.
+    semaphore: ExternalSemaphore | HostTimeline
+    #: The value to set, in [0, 2**64) (a host timeline's in [0, 2**63)): required for
+    #: timelines and fences, ``None`` for the other types.
     value: int | None = None
     #: The key to release a keyed mutex with, in [0, 2**64); 0 for the other types.
     key: int = 0
@@ -392,11 +364,28 @@ class Signal:
 
 def _check_entry(
     entry: str, sem: object, value: int | None, key: int, nvsci_fence: int
-) -> HandleType:
+) -> HandleType | None:
+    """Check an entry's fields against its semaphore; return the semaphore's handle type, or
+    None for a host timeline."""
+    if isinstance(sem, HostTimeline):
+        if sem.closed:
+            raise anyio.ClosedResourceError(
+                f"{entry}() of a closed host timeline ({sem!r}): use one before its aclose()"
+            )
+        if value is None:
+            raise TypeError(
+                f"a host timeline is a timeline: {entry}(timeline, value) needs the value to "
+                + ("wait for" if entry == "Wait" else "set")
+            )
+        check_uint("a host timeline's value", value, LIMIT)
+        if key or nvsci_fence:
+            raise ValueError(f"key and nvsci_fence do not apply to a host timeline's {entry}")
+        return None
     if not isinstance(sem, ExternalSemaphore):
         raise TypeError(
-            f"{entry}() needs an ExternalSemaphore, not {type(sem).__name__}: "
-            "import one with aiocudasem.import_semaphore()"
+            f"{entry}() needs an ExternalSemaphore or a HostTimeline, not "
+            f"{type(sem).__name__}: import one with aiocudasem.import_semaphore() or create "
+            "one with aiocudasem.create_host_timeline()"
         )
     if sem.closed:
         raise anyio.ClosedResourceError(
@@ -424,10 +413,10 @@ def _check_entry(
     return kind
 
 
-def _check_skip(kind: HandleType, skip: bool) -> None:
+def _check_skip(kind: HandleType | None, skip: bool) -> None:
     if not isinstance(skip, bool):
         raise TypeError("skip_nvscibuf_memsync must be a bool")
-    if skip and info(kind).sync != "nvscisync":
+    if skip and (kind is None or info(kind).sync != "nvscisync"):
         raise ValueError("skip_nvscibuf_memsync applies to NVSCISYNC semaphores only")
 
 
@@ -477,8 +466,29 @@ def check_same_device(entries: tuple[Wait | Signal, ...], driver: Driver, device
         if sem._device != device:
             raise DeviceMismatchError(
                 f"{sem!r} belongs to device {sem._device}, but the stream is on device "
-                f"{device}: import the semaphore into the stream's device"
+                f"{device}: "
+                + (
+                    "open the host timeline on the stream's device"
+                    if isinstance(sem, HostTimeline)
+                    else "import the semaphore into the stream's device"
+                )
             )
+
+
+def split_entries(
+    entries: tuple[Wait, ...] | tuple[Signal, ...],
+) -> tuple[list[SemOp], list[tuple[HostTimeline, int]]]:
+    """The entries' operations: those on external semaphores (one driver batch) and those on
+    host timelines (one memory operation each)."""
+    ops: list[SemOp] = []
+    words: list[tuple[HostTimeline, int]] = []
+    for e in entries:
+        sem = e.semaphore
+        if isinstance(sem, HostTimeline):
+            words.append((sem, e.value or 0))
+        else:
+            ops.append(e._op())
+    return ops, words
 
 
 async def _host_wait(entries: list[Wait]) -> None:

@@ -12,6 +12,7 @@ import anyio
 import anyio.lowlevel
 
 from . import _log, _release
+from ._checks import check_device, check_ordinal, resolve_driver
 from ._driver import Driver
 from ._errors import AiocudasemError, DeviceFaultError, DeviceMismatchError
 from ._lifetime import OnDevice, Owned
@@ -28,13 +29,12 @@ from ._semaphore import (
     _E,
     Signal,
     Wait,
-    check_device,
-    check_ordinal,
     check_same_device,
     driver_label,
     entry_list,
-    resolve_driver,
+    split_entries,
 )
+from ._timeline import enqueue_words
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -170,8 +170,8 @@ class Stream(OnDevice):
     def enqueue_wait(self, *waits: Wait) -> None: ...
     def enqueue_wait(self, *waits: Wait | Sequence[Wait]) -> None:
         """Enqueue GPU waits on external semaphores, all in one driver call
-        (``cuWaitExternalSemaphoresAsync``). Later work on the stream runs after them.
-        Non-blocking.
+        (``cuWaitExternalSemaphoresAsync``), and on host timelines (one ``cuStreamWaitValue64``
+        each). Later work on the stream runs after them. Non-blocking.
 
         Takes one :class:`Wait`, several as separate arguments, or one list or tuple of them:
         ``enqueue_wait(Wait(a, 1), Wait(b, 2))`` and ``enqueue_wait([Wait(a, 1), Wait(b, 2)])``
@@ -179,7 +179,12 @@ class Stream(OnDevice):
         ``anyio.ClosedResourceError`` for a closed stream or semaphore, and
         :class:`DeviceMismatchError` for a semaphore of another device or driver."""
         entries = self._entries("enqueue_wait()", waits, Wait)
-        self._driver.enqueue_semaphore_waits([w._op() for w in entries], self.handle)
+        ops, words = split_entries(entries)
+        handle = self.handle
+        if ops:
+            self._driver.enqueue_semaphore_waits(ops, handle)
+        if words:
+            enqueue_words(self._driver, handle, words, write=False)
 
     @overload
     def enqueue_signal(self, signals: Sequence[Signal], /) -> None: ...
@@ -187,11 +192,17 @@ class Stream(OnDevice):
     def enqueue_signal(self, *signals: Signal) -> None: ...
     def enqueue_signal(self, *signals: Signal | Sequence[Signal]) -> None:
         """Enqueue signals of external semaphores, all in one driver call
-        (``cuSignalExternalSemaphoresAsync``); they fire when earlier work completes.
+        (``cuSignalExternalSemaphoresAsync``), and of host timelines (one
+        ``cuStreamWriteValue64`` each); they fire when earlier work completes.
         Non-blocking. Takes one :class:`Signal`, several, or one list or tuple of them, and
         raises as :meth:`enqueue_wait` does."""
         entries = self._entries("enqueue_signal()", signals, Signal)
-        self._driver.enqueue_semaphore_signals([s._op() for s in entries], self.handle)
+        ops, words = split_entries(entries)
+        handle = self.handle
+        if ops:
+            self._driver.enqueue_semaphore_signals(ops, handle)
+        if words:
+            enqueue_words(self._driver, handle, words, write=True)
 
     def _entries(self, where: str, given: tuple[object, ...], kind: type[_E]) -> tuple[_E, ...]:
         entries = entry_list(where, given, kind)

@@ -203,3 +203,64 @@ async def test_a_peer_process_that_goes_away_ends_the_receive(
         with anyio.fail_after(10), pytest.raises(anyio.EndOfStream):
             await acs.receive_semaphore(consumer_end, driver=sim)
         assert time.perf_counter() - t0 < 5
+
+
+async def test_a_sent_host_timeline_is_one_value_at_both_ends(
+    sim: SimDriver, pair: tuple[anyio.abc.UNIXSocketStream, anyio.abc.UNIXSocketStream]
+) -> None:
+    producer_end, consumer_end = pair
+    async with acs.open_stream(1, driver=sim) as stream:
+        await stream.wait_complete()  # the loop's notifier (its fd lives with the loop) exists
+        before = open_fds()
+        async with acs.create_host_timeline(3, driver=sim) as mine:
+            await acs.send_host_timeline(producer_end, mine)
+            assert mine.value == 3  # the sender keeps its timeline
+            theirs = await acs.receive_host_timeline(consumer_end, device=1, driver=sim)
+            async with theirs:
+                assert theirs.value == 3 and theirs.device == 1
+                stream.enqueue_wait(acs.Wait(theirs, 4))
+                mine.signal(4)
+                with anyio.fail_after(10):
+                    await stream.wait_complete()
+        assert open_fds() == before
+
+
+async def test_a_wrong_host_timeline_message_is_refused_and_leaks_no_fd(
+    sim: SimDriver, pair: tuple[anyio.abc.UNIXSocketStream, anyio.abc.UNIXSocketStream]
+) -> None:
+    producer_end, consumer_end = pair
+    before = open_fds()
+    sem = sim.create_semaphore(timeline=True)
+    await acs.send_semaphore(producer_end, sem.export_fd(), acs.HandleType.TIMELINE_SEMAPHORE_FD)
+    with pytest.raises(ValueError, match="not a host timeline sent by"):
+        await acs.receive_host_timeline(consumer_end, driver=sim)
+    r, w = os.pipe()
+    try:
+        await producer_end.send_fds(b"aiocudasem-host-timeline 1".ljust(64), [r, w])
+        with pytest.raises(ValueError, match="carries one fd, this one 2"):
+            await acs.receive_host_timeline(consumer_end, driver=sim)
+        # The right message with an fd that is not a timeline's page: refused, and closed.
+        await producer_end.send_fds(b"aiocudasem-host-timeline 1".ljust(64), [r])
+        with pytest.raises(ValueError, match="not a host timeline's"):
+            await acs.receive_host_timeline(consumer_end, driver=sim)
+    finally:
+        os.close(r)
+        os.close(w)
+    assert open_fds() == before
+    with pytest.raises(TypeError, match="HostTimeline"):
+        await acs.send_host_timeline(producer_end, sem)  # type: ignore[arg-type]
+    closed = acs.create_host_timeline(driver=sim)
+    await closed.aclose()
+    with pytest.raises(anyio.ClosedResourceError):
+        await acs.send_host_timeline(producer_end, closed)
+
+
+async def test_a_peer_process_that_goes_away_ends_a_host_timeline_receive(
+    sim: SimDriver, peer: tuple[str, subprocess.Popen[str], socket.socket]
+) -> None:
+    how, proc, mine = peer
+    async with await anyio.abc.UNIXSocketStream.from_socket(mine) as consumer_end:
+        if how == "is killed":
+            proc.kill()
+        with anyio.fail_after(10), pytest.raises(anyio.EndOfStream):
+            await acs.receive_host_timeline(consumer_end, driver=sim)

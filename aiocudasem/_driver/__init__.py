@@ -69,9 +69,10 @@ class SemOp:
 @runtime_checkable
 class Driver(Protocol):
     """The operations the library needs from a device: devices and their health, streams,
-    events, external semaphores and host functions. All calls are synchronous and cheap (they
-    enqueue, query or create). ``stream_synchronize`` and ``event_synchronize`` block, and so
-    may ``destroy_semaphore``: on an H200 it waited until no stream was blocked on a semaphore.
+    events, external semaphores, host functions and 64-bit words of mapped host memory. All
+    calls are synchronous and cheap (they enqueue, query or create). ``stream_synchronize``
+    and ``event_synchronize`` block, and so may ``destroy_semaphore``: on an H200 it waited
+    until no stream was blocked on a semaphore.
 
     Work to run on the streams (kernels, pinned memory) is not part of it: the demo, the tests
     and the benchmarks get theirs from ``aiocudasem.testing.workloads()``."""
@@ -173,6 +174,31 @@ class Driver(Protocol):
     def enqueue_semaphore_signals(self, ops: Sequence[SemOp], stream: int) -> None:
         """Enqueue the signals on the stream in one ``cuSignalExternalSemaphoresAsync``
         call."""
+        ...
+
+    # host memory words (host timelines)
+    def host_register(self, ordinal: int, address: int, size: int) -> int:
+        """Page-lock ``size`` bytes of host memory at ``address`` and map them for the device
+        (``cuMemHostRegister`` with ``PORTABLE | DEVICEMAP``); return the device address of
+        ``address``. Raise :class:`UnsupportedFeatureError` if the device cannot use 64-bit
+        stream memory operations on mapped host memory."""
+        ...
+
+    def host_unregister(self, address: int) -> None:
+        """Undo :meth:`host_register` (``cuMemHostUnregister``). No enqueued operation may
+        still use the memory."""
+        ...
+
+    def enqueue_wait_value64(self, stream: int, address: int, value: int) -> None:
+        """Make later work on the stream wait, on the GPU, until the 64-bit word at the device
+        address ``address`` reaches ``value`` (``cuStreamWaitValue64``, a cyclic
+        greater-or-equal: ``(int64_t)(*address - value) >= 0``)."""
+        ...
+
+    def enqueue_write_value64(self, stream: int, address: int, value: int) -> None:
+        """Write ``value`` to the 64-bit word at the device address ``address`` once earlier
+        work on the stream has completed, after a system-wide memory fence
+        (``cuStreamWriteValue64``)."""
         ...
 
 

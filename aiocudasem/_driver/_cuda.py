@@ -10,13 +10,20 @@ cuda.core share, so foreign streams and our events can be mixed.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
 
 import numpy as np
 
 from .. import _cucalls, _log
-from .._errors import STICKY_STATUSES, CudaError, DeviceFaultError, DeviceMismatchError
+from .._errors import (
+    STICKY_STATUSES,
+    CudaError,
+    DeviceFaultError,
+    DeviceMismatchError,
+    UnsupportedFeatureError,
+)
 from .._handles import lookup
 from . import forked_error, track, unavailable
 
@@ -33,6 +40,19 @@ _STREAM_NON_BLOCKING: Final = 0x1
 _EVENT_BLOCKING_SYNC: Final = 0x1
 _EVENT_DISABLE_TIMING: Final = 0x2
 _LOADING_MODES: Final = {1: "eager", 2: "lazy"}  # CUmoduleLoadingMode
+_HOST_REGISTER_PORTABLE: Final = 0x1
+_HOST_REGISTER_DEVICEMAP: Final = 0x2
+_NOT_SUPPORTED: Final = 801
+# What a host timeline needs of a device (CUdevice_attribute names), and how a refusal says it.
+_HOST_WORD_ATTRIBUTES: Final = (
+    ("CAN_USE_64_BIT_STREAM_MEM_OPS", "64-bit stream memory operations (cuStreamWaitValue64)"),
+    ("CAN_MAP_HOST_MEMORY", "mapped host memory"),
+    ("HOST_REGISTER_SUPPORTED", "registering host memory (cuMemHostRegister)"),
+)
+# cuMemHostRegister and cuMemHostUnregister take a host pointer, which the bindings take as an
+# untyped object; they are called through ctypes at the address the driver gives instead.
+_HOST_REGISTER_T = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint)
+_HOST_UNREGISTER_T = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 # The wait path's calls, made from C (see _cucalls.c), in the order bind() takes them. Each is
 # asked for at the CUDA 12.0 ABI, whose signatures _cucalls.c declares, and in its legacy
 # default-stream form, as the bindings call them.
@@ -121,6 +141,9 @@ class CudaDriver:
         self._waited: dict[int, threading.Event] = {}
         self._hooks_done = False  # every device has had its first wait, and its hooks ran
         self._first_wait_hooks: list[Callable[[int], object]] = []
+        self._host_calls: tuple[Any, Any] | None = None  # cuMemHostRegister, cuMemHostUnregister
+        self._host_words: dict[int, bool] = {}  # ordinal -> whether it can have host timelines
+        self._registered: dict[int, int] = {}  # registered host address -> ordinal
         self._wait_dtype = d.external_semaphore_wait_params_v1_dtype
         self._signal_dtype = d.external_semaphore_signal_params_v1_dtype
         track(self)
@@ -129,6 +152,7 @@ class CudaDriver:
         # A forked child cannot use the parent's CUDA state: refuse every call clearly, the C
         # functions too (a coroutine may hold one from before the fork).
         self._d = self._c = _Forked()
+        self._host_calls = None  # found again through self._d, which refuses
         for name in _FAST_METHODS:
             vars(self).pop(name, None)  # back to the methods, which call self._c
         _cucalls.unbind(_refuse_forked)
@@ -419,4 +443,91 @@ class CudaDriver:
             params.ctypes.data,
             len(ops),
             stream,
+        )
+
+    # ------------------------------------------------------------------ host memory words
+
+    def _host_register_calls(self) -> tuple[Any, Any]:
+        calls = self._host_calls
+        if calls is None:
+            found = []
+            for name, proto in (
+                ("cuMemHostRegister", _HOST_REGISTER_T),
+                ("cuMemHostUnregister", _HOST_UNREGISTER_T),
+            ):
+                pfn, status = self._call(
+                    "cuGetProcAddress", self._d.get_proc_address_v2, name.encode(), _FAST_ABI, 0
+                )
+                if not pfn or int(status) != 0:
+                    raise UnsupportedFeatureError(
+                        f"the CUDA driver does not provide {name} (cuGetProcAddress)"
+                    )
+                found.append(proto(int(pfn)))
+            calls = self._host_calls = (found[0], found[1])
+        return calls
+
+    def _check_host_words(self, ordinal: int) -> None:
+        """Refuse a device that cannot wait on and write mapped host memory from a stream."""
+        if self._host_words.get(ordinal):
+            return
+        d = self._d
+        dev = self._devices[ordinal]
+        for attr, what in _HOST_WORD_ATTRIBUTES:
+            value = self._call(
+                "cuDeviceGetAttribute", d.device_get_attribute, int(d.DeviceAttribute[attr]), dev
+            )
+            if not value:
+                raise UnsupportedFeatureError(
+                    f"device {ordinal} ({self.device_name(ordinal)}) has no {what} "
+                    f"(CU_DEVICE_ATTRIBUTE_{attr} is 0), which a host timeline needs"
+                )
+        self._host_words[ordinal] = True
+
+    def host_register(self, ordinal: int, address: int, size: int) -> int:
+        self._use(ordinal)
+        self._check_host_words(ordinal)
+        register, _ = self._host_register_calls()
+        status = int(register(address, size, _HOST_REGISTER_PORTABLE | _HOST_REGISTER_DEVICEMAP))
+        if status == _NOT_SUPPORTED:
+            raise UnsupportedFeatureError(
+                f"cuMemHostRegister refused the memory on device {ordinal}: "
+                "CUDA_ERROR_NOT_SUPPORTED (801)",
+                status,
+            )
+        if status:
+            self._fail_status(status, "cuMemHostRegister")
+        self._registered[address] = ordinal
+        try:
+            return int(
+                self._call(
+                    "cuMemHostGetDevicePointer",
+                    self._d.mem_host_get_device_pointer_v2,
+                    address,
+                    0,
+                )
+            )
+        except BaseException:
+            self.host_unregister(address)
+            raise
+
+    def host_unregister(self, address: int) -> None:
+        # Called from release threads, which may have no context current: use the one the
+        # memory was registered in.
+        self._use(self._registered.get(address, 0))
+        _, unregister = self._host_register_calls()
+        status = int(unregister(address))
+        if status:
+            self._fail_status(status, "cuMemHostUnregister")
+        self._registered.pop(address, None)
+
+    def enqueue_wait_value64(self, stream: int, address: int, value: int) -> None:
+        # A stream blocked here blocks module loading as a semaphore wait does: the first
+        # wait of a device runs the same hooks (see _before_first_wait).
+        if not self._hooks_done:
+            self._first_wait(stream)
+        self._call("cuStreamWaitValue64", self._d.stream_wait_value64_v2, stream, address, value, 0)
+
+    def enqueue_write_value64(self, stream: int, address: int, value: int) -> None:
+        self._call(
+            "cuStreamWriteValue64", self._d.stream_write_value64_v2, stream, address, value, 0
         )

@@ -23,7 +23,8 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Final
 
-from .._errors import STICKY_STATUSES, CudaError, DeviceFaultError
+from .. import _hostword
+from .._errors import STICKY_STATUSES, CudaError, DeviceFaultError, UnsupportedFeatureError
 from .._handles import lookup
 from . import forked_error, track
 
@@ -38,6 +39,13 @@ _INVALID_VALUE: Final = 1
 _INVALID_HANDLE: Final = 400
 _NOT_SUPPORTED: Final = 801
 _LAUNCH_FAILED: Final = 719
+_ILLEGAL_ADDRESS: Final = 700
+_ALREADY_REGISTERED: Final = 712
+_NOT_REGISTERED: Final = 713
+# How often a simulated stream waiting on a host memory word looks at it again. A host store
+# does not tell the simulator, as it does not tell a GPU, which polls the word too.
+_WORD_POLL_S: Final = 0.0002
+_I64_SIGN: Final = 1 << 63
 
 _HOST_FN_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _U64: Final = 1 << 64
@@ -48,6 +56,8 @@ _CUDA_NAMES: Final = {
     _INVALID_VALUE: "CUDA_ERROR_INVALID_VALUE",
     101: "CUDA_ERROR_INVALID_DEVICE",
     _INVALID_HANDLE: "CUDA_ERROR_INVALID_HANDLE",
+    _ALREADY_REGISTERED: "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+    _NOT_REGISTERED: "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
     600: "CUDA_ERROR_NOT_READY",
     _NOT_SUPPORTED: "CUDA_ERROR_NOT_SUPPORTED",
     214: "CUDA_ERROR_ECC_UNCORRECTABLE",
@@ -244,17 +254,26 @@ class SimDriver:
 
     Prefer a fresh one per test to the process-wide ``get_driver("sim")``: an injected fault
     is sticky for the life of the driver, so a shared one faulted by one test fails the
-    next."""
+    next.
+
+    ``stream_mem_ops=False`` models a device without 64-bit stream memory operations: host
+    timelines are refused on it, as the real driver refuses them on such a GPU."""
 
     simulated = True
 
-    def __init__(self, devices: int = 2, name: str = "sim") -> None:
+    def __init__(self, devices: int = 2, name: str = "sim", *, stream_mem_ops: bool = True) -> None:
         if isinstance(devices, bool) or not isinstance(devices, int):
             raise TypeError(f"devices must be an int >= 1, not {type(devices).__name__}")
         if devices < 1:
             raise ValueError(f"devices must be an int >= 1, not {devices}")
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, not {type(name).__name__}")
+        if not isinstance(stream_mem_ops, bool):
+            raise TypeError(f"stream_mem_ops must be a bool, not {type(stream_mem_ops).__name__}")
+        self._mem_ops = stream_mem_ops
+        # Registered host memory: address -> (device, size). The device address is the host
+        # address, as on a GPU that can use the host pointer for registered memory.
+        self._words: dict[int, tuple[int, int]] = {}
         self.name = name
         self._devices = devices
         self._lock = threading.Lock()
@@ -311,12 +330,16 @@ class SimDriver:
             sticky = ", ".join(map(str, sorted(STICKY_STATUSES)))
             raise ValueError(f"{status} is not a sticky CUresult: use one of {sticky}")
         with self._lock:
-            self._faults.setdefault(ordinal, status)
-            for s in self._streams.values():
-                if s.device == ordinal:
-                    s.ops.clear()
-                    s.cond.notify_all()
-            self._deps.notify_all()
+            self._fault(ordinal, status)
+
+    def _fault(self, ordinal: int, status: int) -> None:
+        # Called with the lock held.
+        self._faults.setdefault(ordinal, status)
+        for s in self._streams.values():
+            if s.device == ordinal:
+                s.ops.clear()
+                s.cond.notify_all()
+        self._deps.notify_all()
 
     def launch(self, stream: int, fn: Callable[[], None]) -> None:
         """Enqueue a Python callable as a simulated kernel. It runs on the stream's worker
@@ -639,3 +662,79 @@ class SimDriver:
                     self._deps.notify_all()
 
             self._push(s, signal_all)
+
+    # ------------------------------------------------------------------ host memory words
+
+    def host_register(self, ordinal: int, address: int, size: int) -> int:
+        with self._lock:
+            self._check_device(ordinal, "cuMemHostRegister")
+            if not self._mem_ops:
+                raise UnsupportedFeatureError(
+                    f"device {ordinal} (Simulated CUDA device {ordinal}) has no 64-bit stream "
+                    "memory operations (cuStreamWaitValue64) (CU_DEVICE_ATTRIBUTE_CAN_USE_64_"
+                    "BIT_STREAM_MEM_OPS is 0), which a host timeline needs [simulated]"
+                )
+            if address <= 0 or size <= 0:
+                raise _error(_INVALID_VALUE, "cuMemHostRegister")
+            for start, (_, length) in self._words.items():
+                if start < address + size and address < start + length:
+                    raise _error(_ALREADY_REGISTERED, "cuMemHostRegister")
+            self._words[address] = (ordinal, size)
+            return address
+
+    def host_unregister(self, address: int) -> None:
+        with self._lock:
+            if self._words.pop(address, None) is None:
+                raise _error(_NOT_REGISTERED, "cuMemHostUnregister")
+
+    def _word(self, s: _Stream, address: int, what: str) -> None:
+        """Refuse an address outside the memory registered for the stream's device, as the
+        driver refuses one it has not mapped. Called with the lock held."""
+        for start, (device, length) in self._words.items():
+            inside = start <= address and address + 8 <= start + length
+            if device == s.device and inside and address % 8 == 0:
+                return
+        raise _error(_INVALID_VALUE, what)
+
+    def _mapped(self, device: int, address: int) -> bool:
+        # Called with the lock held.
+        return any(
+            d == device and start <= address < start + length
+            for start, (d, length) in self._words.items()
+        )
+
+    def enqueue_wait_value64(self, stream: int, address: int, value: int) -> None:
+        with self._lock:
+            s = self._stream(stream, "cuStreamWaitValue64")
+            if not 0 <= value < _U64:
+                raise _error(_INVALID_VALUE, "cuStreamWaitValue64")
+            self._word(s, address, "cuStreamWaitValue64")
+            self._push(s, lambda: self._wait_word(s.device, address, value))
+
+    def _wait_word(self, device: int, address: int, value: int) -> None:
+        with self._lock:
+            while device not in self._faults:
+                if not self._mapped(device, address):
+                    # Unregistered under a pending wait: the GPU's read would fault.
+                    self._fault(device, _ILLEGAL_ADDRESS)
+                    return
+                if (_hostword.load(address) - value) % _U64 < _I64_SIGN:
+                    return  # (int64_t)(*address - value) >= 0, as the driver compares
+                self._deps.wait(_WORD_POLL_S)
+
+    def enqueue_write_value64(self, stream: int, address: int, value: int) -> None:
+        with self._lock:
+            s = self._stream(stream, "cuStreamWriteValue64")
+            if not 0 <= value < _U64:
+                raise _error(_INVALID_VALUE, "cuStreamWriteValue64")
+            self._word(s, address, "cuStreamWriteValue64")
+
+            def write() -> None:
+                with self._lock:
+                    if not self._mapped(s.device, address):
+                        self._fault(s.device, _ILLEGAL_ADDRESS)
+                        return
+                    _hostword.store(address, value)
+                    self._deps.notify_all()
+
+            self._push(s, write)

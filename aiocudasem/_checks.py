@@ -1,0 +1,39 @@
+"""Checks of arguments that many entry points share: a driver, a device ordinal, a uint."""
+
+from __future__ import annotations
+
+from ._driver import Driver, get_driver
+
+__all__ = ("check_device", "check_ordinal", "check_uint", "resolve_driver")
+
+
+def resolve_driver(driver: Driver | str | None) -> Driver:
+    """``None`` or a name through :func:`get_driver`; a driver object as it is."""
+    if driver is None or isinstance(driver, str):
+        return get_driver(driver)
+    if not isinstance(driver, Driver):
+        raise TypeError(f"driver must be 'cuda', 'sim', None or a driver object, not {driver!r}")
+    return driver
+
+
+def check_ordinal(device: object) -> int:
+    """``device`` as a device ordinal: ``TypeError`` for anything but an int (a bool
+    included)."""
+    if not isinstance(device, int) or isinstance(device, bool):
+        raise TypeError(f"device must be an int ordinal, not {type(device).__name__}")
+    return device
+
+
+def check_device(driver: Driver, device: int) -> None:
+    """``ValueError`` unless ``driver`` has a device ``device``."""
+    count = driver.device_count()
+    if not 0 <= device < count:
+        raise ValueError(f"device {device} does not exist: {count} device(s)")
+
+
+def check_uint(name: str, value: object, bound: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not 0 <= value < bound:
+        raise ValueError(f"{name} must be in [0, 2**{bound.bit_length() - 1}), got {value}")
+    return value
