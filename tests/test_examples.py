@@ -203,3 +203,33 @@ def test_observability() -> None:
     errors = [line for line in proc.stderr.splitlines() if line.startswith("log: ERROR")]
     assert len(errors) == 1, proc.stderr
     assert "device 1 of the sim driver faulted" in errors[0]
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_host_timelines_between_two_processes(driver: str, backend: str) -> None:
+    """1,000 frames from a producer process, every one checked by the consumer."""
+    out = run_example(
+        "host_timeline_processes.py", "--driver", driver, "--backend", backend, timeout=120
+    ).stdout
+    assert out.splitlines()[-1].startswith("all 1000 frames handed over between two processes")
+    assert out.splitlines()[-1].endswith(f"on driver '{driver}' ({backend}), every frame intact")
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_killed_producer_process_ends_the_consumer_cleanly(driver: str, backend: str) -> None:
+    start = time.monotonic()
+    proc = run_example(
+        "host_timeline_processes.py",
+        *("--driver", driver, "--backend", backend, "--kill-producer-after", "300"),
+        timeout=60,
+        ok=False,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    match = re.search(r"the producer exited \(-9\): frames 1-(\d+) were handed over", proc.stderr)
+    assert match, proc.stderr
+    assert 300 <= int(match.group(1)) <= 304  # the producer runs at most a ring ahead
+    assert "released everything" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert time.monotonic() - start < 30
