@@ -67,6 +67,21 @@ def test_bench_repeats_interleaves_and_reports_spreads(tmp_path: Path) -> None:
         assert "No latency plot" in page
         assert "latency.png" not in page
         assert "aiocudasem bench: warning: wrote no latency.png" in proc.stderr
+    # The host-signal section: both producers, interleaved, with spreads.
+    assert "host signal to stream resume: 2 producers, 2 rounds interleaved" in proc.stdout
+    signal_steps = [s.split(": ", 1)[1].split(" (")[0] for s in steps if "host signal" in s]
+    assert signal_steps == ["host_timeline", "external_timeline"] * 1 + [
+        "external_timeline",
+        "host_timeline",
+    ]
+    for name in ("host_timeline", "external_timeline"):
+        runs = data["signal"][name]["runs"]
+        assert len(runs) == 2 and all(len(r) == 60 and min(r) > 0 for r in runs)
+        median = data["summary"]["signal"][name]["median_us"]
+        assert median["runs"] == 2 and median["min"] <= median["median"] <= median["max"]
+    signal_page = page.split("## Host signal to stream resume", 1)[1]
+    assert "| host timeline (cuStreamWaitValue64), signal() |" in signal_page
+    assert "| simulated external timeline semaphore, signal() |" in signal_page
 
 
 def test_bench_refuses_bad_repeats(tmp_path: Path) -> None:
@@ -119,11 +134,12 @@ def test_bench_reports_a_failed_write_of_the_results_in_one_line(
     async def measure(*args: object) -> None:
         pass
 
-    def write(out: Path, results: object, meta: object) -> None:
+    def write(out: Path, results: object, meta: object, signal: object = None) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "results.json"))
 
     monkeypatch.setattr(bench, "run_asyncio", measure)
     monkeypatch.setattr(bench, "run_trio", measure)
+    monkeypatch.setattr(bench, "run_signal", lambda *args: {})
     monkeypatch.setattr(bench, "write", write)
     out = tmp_path / "out"
     with pytest.raises(CommandError) as info:

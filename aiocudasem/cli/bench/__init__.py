@@ -3,6 +3,7 @@ in ``_DESCRIPTION`` below, which ``aiocudasem bench --help`` shows.
 
 - ``_approaches``: the ways of awaiting GPU work that are compared;
 - ``_measure``: the measurements, the interleaved rounds and the progress lines;
+- ``_signal``: host signal to stream resume, a host timeline beside a Vulkan timeline;
 - ``_report``: versions, the Markdown page and the plot.
 """
 
@@ -36,6 +37,7 @@ from ._approaches import ALL
 from ._common import say
 from ._measure import TRIO_APPROACHES, Bench, run_asyncio, run_trio
 from ._report import commit, gpu_info, markdown, plot, rounds_text, summarize, versions
+from ._signal import run_signal, summarize_signal
 
 _DESCRIPTION = """\
 Side-by-side benchmarks: how fast does async Python learn that GPU work is
@@ -43,9 +45,11 @@ done?
 
 Every approach waits on the same raw CUDA streams, with the same %globaltimer
 spin kernel, in one process and one run; peer libraries (CuPy, PyTorch,
-numba-cuda) wrap those streams, so they wait on exactly the same work. A full
-run takes minutes: a progress line per approach per round says how far it is.
-On the simulated device every figure is labelled as simulated.
+numba-cuda) wrap those streams, so they wait on exactly the same work. A last
+section times a host signal to the resume of a stream blocked on it, for a host
+timeline and a Vulkan timeline semaphore. A full run takes minutes: a progress
+line per approach per round says how far it is. On the simulated device every
+figure is labelled as simulated.
 
 Writes results.json, performance.md and, with matplotlib installed (pip install
 'aiocudasem[bench]'), latency.png to --out; without matplotlib the page says
@@ -146,8 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         meta["trio_not_measured"] = missing
         print(f"aiocudasem bench: warning: no trio figures: {missing}", file=sys.stderr, flush=True)
+    say(f"host signal to stream resume: 2 producers, {rounds_text(repeats)} interleaved")
+    signal = run_signal(drv, ns.quick or sim, repeats)
     try:
-        write(ns.out, b.results, meta)
+        write(ns.out, b.results, meta, signal)
     except BrokenPipeError:
         raise  # standard output, closed: the command line stops quietly
     except OSError as exc:
@@ -195,7 +201,12 @@ def _meta(drv: acs.Driver, devices: int, repeats: int) -> dict[str, Any]:
     }
 
 
-def write(out: Path, results: dict[str, Any], meta: dict[str, Any]) -> None:
+def write(
+    out: Path,
+    results: dict[str, Any],
+    meta: dict[str, Any],
+    signal: dict[str, Any] | None = None,
+) -> None:
     """results.json (every run and the summary), performance.md and, if it can, latency.png.
     Without a plot, the page says so instead of linking one, a warning on standard error says
     why, and a latency.png left in ``out`` by an earlier run is removed (the page would
@@ -203,12 +214,14 @@ def write(out: Path, results: dict[str, Any], meta: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {n: summarize(e) for n, e in results.items() if n != "trio"}
     summary["trio"] = {n: summarize(e) for n, e in results.get("trio", {}).items()}
-    (out / "results.json").write_text(
-        json.dumps({"meta": meta, "summary": summary, "results": results})
-    )
+    document: dict[str, Any] = {"meta": meta, "summary": summary, "results": results}
+    if signal is not None:
+        summary["signal"] = {n: summarize_signal(e) for n, e in signal.items()}
+        document["signal"] = signal
+    (out / "results.json").write_text(json.dumps(document))
     png = out / "latency.png"
     no_plot = plot(results, png, meta["simulated"])
-    page = markdown(results, meta, no_plot)
+    page = markdown(results, meta, no_plot, signal)
     (out / "performance.md").write_text(page)
     say(f"wrote {out / 'results.json'}, performance.md" + ("" if no_plot else ", latency.png"))
     if no_plot:

@@ -303,9 +303,41 @@ def rounds_text(n: int) -> str:
     return f"{n} round" + ("" if n == 1 else "s")
 
 
-def markdown(results: dict[str, Any], meta: dict[str, Any], no_plot: str | None = None) -> str:
+def _signal_table(signal: dict[str, Any]) -> list[str]:
+    from ._signal import summarize_signal
+
+    lines = [
+        "",
+        "## Host signal to stream resume",
+        "",
+        "A stream waits for a value and then writes a probe host timeline; the host signals "
+        "the value and spins on the probe. Microseconds from the signal call to seeing the "
+        "probe, on the host's clock; only the wait differs between the rows.",
+        "",
+        "| producer | median | p99 |",
+        "|---|---|---|",
+    ]
+    for e in signal.values():
+        if "error" in e:
+            lines.append(f"| {e['label']} | not available: {e['error']} | |")
+            continue
+        f = summarize_signal(e)
+        lines.append(
+            f"| {e['label']} | {spread(f.get('median_us'), '.1f')} us "
+            f"| {spread(f.get('p99_us'), '.1f')} us |"
+        )
+    return lines
+
+
+def markdown(
+    results: dict[str, Any],
+    meta: dict[str, Any],
+    no_plot: str | None = None,
+    signal: dict[str, Any] | None = None,
+) -> str:
     """The page. ``no_plot``: why there is no latency.png (then the page says so and links
-    none); ``None``: link the plot beside the page."""
+    none); ``None``: link the plot beside the page. ``signal``: the host-signal figures, if
+    they were measured."""
     sums = {n: summarize(e) for n, e in results.items() if n != "trio"}
     lines = _header(meta) + _main_table(results, sums) + _crowd_table(results, sums)
     lines += _split_table(results, sums, meta.get("devices", 2))
@@ -313,6 +345,8 @@ def markdown(results: dict[str, Any], meta: dict[str, Any], no_plot: str | None 
         lines += _trio_table(results["trio"])
     elif "trio_not_measured" in meta:
         lines += ["", "## trio", "", f"Not measured: {meta['trio_not_measured']}."]
+    if signal is not None:
+        lines += _signal_table(signal)
     if no_plot is None:
         lines += ["", "![latency distributions](latency.png)", ""]
     else:
