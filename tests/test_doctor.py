@@ -191,3 +191,18 @@ def test_a_failing_self_check_is_a_problem(
     out, err = _doctor(monkeypatch, capsys, _FakeCuda("eager"), status=1)
     assert "self-check: PROBLEM: a wait on the sim driver failed" in out
     assert "aiocudasem doctor: problem: a wait on the sim driver failed" in err
+
+
+def test_host_timeline_support_is_reported(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aiocudasem.testing import SimDriver
+
+    out = _doctor_output(monkeypatch, capsys, SimDriver())
+    assert "host timeline: supported on device 0 (64-bit stream memory operations" in out
+    out = _doctor_output(monkeypatch, capsys, SimDriver(stream_mem_ops=False))
+    line = next(x for x in out.splitlines() if x.strip().startswith("host timeline:"))
+    assert "unavailable on device 0:" in line
+    assert "CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS is 0" in line
+    # A stand-in that is not a whole driver prints no line.
+    assert "host timeline" not in _doctor_output(monkeypatch, capsys, _FakeCuda("lazy"))

@@ -10,7 +10,13 @@ import time
 
 import anyio
 
-from .. import AiocudasemError, DriverUnavailableError, open_stream
+from .. import (
+    AiocudasemError,
+    DriverUnavailableError,
+    UnsupportedFeatureError,
+    create_host_timeline,
+    open_stream,
+)
 from ..lowlevel import DRIVER_ENV, HOST_FUNCTION, Driver, Statistics, get_driver, statistics
 from ..testing import SimDriver
 from ._common import DRIVERS, bad_env_message
@@ -53,6 +59,7 @@ def main() -> int:
         print(f"{'cuda':>14}: unavailable: {exc}")
     if drv is not None:
         _print_loading_mode(drv)
+        _print_host_timeline(drv)
     try:
         from ..vulkan import VulkanDevice
 
@@ -116,6 +123,25 @@ class _Collect(logging.Handler):
 
 #: The library's logger (``aiocudasem._log``), by its public name.
 logger = logging.getLogger("aiocudasem")
+
+
+def _print_host_timeline(drv: object) -> None:
+    """Whether device 0 can have host timelines: one is created and released."""
+    if not isinstance(drv, Driver):
+        return
+    try:
+        timeline = create_host_timeline(driver=drv)
+    except UnsupportedFeatureError as exc:
+        print(f"{'host timeline':>14}: unavailable on device 0: {exc}")
+        return
+    except AiocudasemError as exc:
+        print(f"{'host timeline':>14}: unknown: creating one failed: {exc}")
+        return
+    timeline.close()
+    print(
+        f"{'host timeline':>14}: supported on device 0 (64-bit stream memory operations on "
+        "mapped host memory)"
+    )
 
 
 def _self_check(drv: Driver) -> str | None:
