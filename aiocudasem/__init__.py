@@ -19,6 +19,10 @@ from ._errors import VulkanError as VulkanError
 from ._errors import VulkanUnavailableError as VulkanUnavailableError
 from ._foreign import wait_event as wait_event
 from ._handles import HandleType as HandleType
+from ._ipc import IpcEvent as IpcEvent
+from ._ipc import IpcEventHandle as IpcEventHandle
+from ._ipc import create_ipc_event as create_ipc_event
+from ._ipc import open_ipc_event as open_ipc_event
 from ._notifier import Tuning as Tuning
 from ._notifier import configure as configure
 from ._processes import receive_host_timeline as receive_host_timeline
@@ -54,6 +58,8 @@ __all__ = (
     "HandOff",
     "HandleType",
     "HostTimeline",
+    "IpcEvent",
+    "IpcEventHandle",
     "Signal",
     "Stream",
     "Tuning",
@@ -64,9 +70,11 @@ __all__ = (
     "Wait",
     "configure",
     "create_host_timeline",
+    "create_ipc_event",
     "get_driver",
     "import_semaphore",
     "open_host_timeline",
+    "open_ipc_event",
     "open_stream",
     "ready",
     "receive_host_timeline",

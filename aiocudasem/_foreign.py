@@ -23,7 +23,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import anyio.lowlevel
 
@@ -31,6 +31,9 @@ from ._checks import check_device, check_ordinal, resolve_driver
 from ._driver import Driver
 from ._notifier import Point, current_notifier
 from ._stream import Event, Stream
+
+if TYPE_CHECKING:
+    from ._ipc import IpcEvent
 
 __all__ = ("foreign_key", "wait_event")
 
@@ -79,8 +82,8 @@ async def wait_event(
 
     ``event`` is a PyTorch ``torch.cuda.Event``, a CuPy ``cupy.cuda.Event``, a cuda.core
     ``Event``, a ``CUevent`` of cuda-bindings, a raw ``CUevent`` handle (an int), or an
-    aiocudasem :class:`Event` (awaited as itself). For example, instead of polling
-    ``ev.query()``, ``ev.record(torch.cuda.current_stream())`` then
+    aiocudasem :class:`Event` or :class:`IpcEvent` (awaited as itself). For example, instead
+    of polling ``ev.query()``, ``ev.record(torch.cuda.current_stream())`` then
     ``await aiocudasem.wait_event(ev)``.
 
     - The wait covers the event's most recent record at the time of the call. An event that
@@ -109,13 +112,14 @@ async def wait_event(
     bool, a float or a string; ``ValueError`` for a null or out-of-range handle or a device
     that does not exist.
     """
-    if isinstance(event, Event):
+    own = _own_event(event)
+    if own is not None:
         if device is not None or driver is not None:
             raise ValueError(
-                "an aiocudasem Event knows its device and driver: call wait_event(event) "
-                "without device= or driver="
+                f"an aiocudasem {type(event).__name__} knows its device and driver: call "
+                "wait_event(event) without device= or driver="
             )
-        await event.wait()
+        await own.wait()
         return
     handle, found = _event_handle(event)
     if device is None:
@@ -144,6 +148,18 @@ async def wait_event(
         if not point.done:
             _retire(drv, handle, device)
         raise
+
+
+def _own_event(event: object) -> Event | IpcEvent | None:
+    """``event`` if it is one of the library's events, else None."""
+    if isinstance(event, Event):
+        return event
+    if type(event).__module__ == "aiocudasem._ipc":
+        from ._ipc import IpcEvent  # it imports this module
+
+        if isinstance(event, IpcEvent):
+            return event
+    return None
 
 
 def _event_handle(event: object) -> tuple[int, int | None]:

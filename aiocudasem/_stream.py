@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from types import TracebackType
     from typing import Self
 
+    from ._ipc import IpcEvent
+
 __all__ = ("Event", "HandOff", "Stream", "open_stream", "wait_external_semaphores", "wait_stream")
 
 #: Handles 0, 1 and 2 (the default, legacy and per-thread default streams) are never waited
@@ -153,10 +155,23 @@ class Stream(OnDevice):
             raise
         return Event._create(self, event)
 
-    def enqueue_event_wait(self, event: Event) -> None:
-        """Make later work on this stream wait for ``event`` (on the GPU). Non-blocking."""
+    def enqueue_event_wait(self, event: Event | IpcEvent) -> None:
+        """Make later work on this stream wait for ``event`` (on the GPU): an :class:`Event`,
+        or an :class:`IpcEvent`'s most recent record, in whichever process. Non-blocking."""
         if not isinstance(event, Event):
-            raise TypeError(f"expected an aiocudasem.Event, not {type(event).__name__}")
+            from ._ipc import IpcEvent
+
+            if not isinstance(event, IpcEvent):
+                raise TypeError(
+                    f"expected an aiocudasem.Event or IpcEvent, not {type(event).__name__}"
+                )
+            if event._driver is not self._driver:
+                raise DeviceMismatchError(
+                    f"the event belongs to {driver_label(event._driver, self._driver)}, "
+                    f"the stream to {driver_label(self._driver, event._driver)}"
+                )
+            self._driver.stream_wait_event(self.handle, event.handle)
+            return
         if event._stream._driver is not self._driver:
             raise DeviceMismatchError(
                 f"the event belongs to {driver_label(event._stream._driver, self._driver)}, "

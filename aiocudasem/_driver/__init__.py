@@ -69,10 +69,10 @@ class SemOp:
 @runtime_checkable
 class Driver(Protocol):
     """The operations the library needs from a device: devices and their health, streams,
-    events, external semaphores, host functions and 64-bit words of mapped host memory. All
-    calls are synchronous and cheap (they enqueue, query or create). ``stream_synchronize``
-    and ``event_synchronize`` block, and so may ``destroy_semaphore``: on an H200 it waited
-    until no stream was blocked on a semaphore.
+    events (interprocess ones too), external semaphores, host functions and 64-bit words of
+    mapped host memory. All calls are synchronous and cheap (they enqueue, query or create).
+    ``stream_synchronize`` and ``event_synchronize`` block, and so may ``destroy_semaphore``:
+    on an H200 it waited until no stream was blocked on a semaphore.
 
     Work to run on the streams (kernels, pinned memory) is not part of it: the demo, the tests
     and the benchmarks get theirs from ``aiocudasem.testing.workloads()``."""
@@ -174,6 +174,25 @@ class Driver(Protocol):
     def enqueue_semaphore_signals(self, ops: Sequence[SemOp], stream: int) -> None:
         """Enqueue the signals on the stream in one ``cuSignalExternalSemaphoresAsync``
         call."""
+        ...
+
+    # interprocess events
+    def ipc_event_create(self, ordinal: int) -> int:
+        """Create an event that other processes can open (``cuEventCreate`` with
+        ``CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING``); destroy it with
+        :meth:`event_destroy`. Raise ``UnsupportedFeatureError`` where the device has no
+        interprocess events."""
+        ...
+
+    def ipc_event_export(self, event: int) -> bytes:
+        """The 64 bytes of the interprocess event's handle (``cuIpcGetEventHandle``), for
+        another process's :meth:`ipc_event_open`."""
+        ...
+
+    def ipc_event_open(self, ordinal: int, handle: bytes) -> int:
+        """Open another process's interprocess event from its 64-byte handle
+        (``cuIpcOpenEventHandle``) on the device; it behaves as an event created here without
+        timing, and is destroyed with :meth:`event_destroy`."""
         ...
 
     # host memory words (host timelines)

@@ -39,6 +39,8 @@ _T = TypeVar("_T")
 _STREAM_NON_BLOCKING: Final = 0x1
 _EVENT_BLOCKING_SYNC: Final = 0x1
 _EVENT_DISABLE_TIMING: Final = 0x2
+_EVENT_INTERPROCESS: Final = 0x4
+_IPC_HANDLE_SIZE: Final = 64  # CU_IPC_HANDLE_SIZE
 _LOADING_MODES: Final = {1: "eager", 2: "lazy"}  # CUmoduleLoadingMode
 _HOST_REGISTER_PORTABLE: Final = 0x1
 _HOST_REGISTER_DEVICEMAP: Final = 0x2
@@ -53,6 +55,18 @@ _HOST_WORD_ATTRIBUTES: Final = (
 # untyped object; they are called through ctypes at the address the driver gives instead.
 _HOST_REGISTER_T = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint)
 _HOST_UNREGISTER_T = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+
+
+class _IpcEventHandle(ctypes.Structure):
+    """``CUipcEventHandle``: 64 opaque bytes, passed by value to cuIpcOpenEventHandle."""
+
+    _fields_ = (("reserved", ctypes.c_char * _IPC_HANDLE_SIZE),)
+
+
+# The interprocess event calls take and return the handle struct, by pointer and by value;
+# they are called through ctypes at the driver's addresses, as the host-memory calls are.
+_IPC_GET_T = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_IpcEventHandle), ctypes.c_void_p)
+_IPC_OPEN_T = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), _IpcEventHandle)
 # The wait path's calls, made from C (see _cucalls.c), in the order bind() takes them. Each is
 # asked for at the CUDA 12.0 ABI, whose signatures _cucalls.c declares, and in its legacy
 # default-stream form, as the bindings call them.
@@ -142,6 +156,7 @@ class CudaDriver:
         self._hooks_done = False  # every device has had its first wait, and its hooks ran
         self._first_wait_hooks: list[Callable[[int], object]] = []
         self._host_calls: tuple[Any, Any] | None = None  # cuMemHostRegister, cuMemHostUnregister
+        self._ipc_calls: tuple[Any, Any] | None = None  # cuIpcGetEventHandle, cuIpcOpenEventHandle
         self._host_words: dict[int, bool] = {}  # ordinal -> whether it can have host timelines
         self._registered: dict[int, int] = {}  # registered host address -> ordinal
         self._wait_dtype = d.external_semaphore_wait_params_v1_dtype
@@ -152,7 +167,7 @@ class CudaDriver:
         # A forked child cannot use the parent's CUDA state: refuse every call clearly, the C
         # functions too (a coroutine may hold one from before the fork).
         self._d = self._c = _Forked()
-        self._host_calls = None  # found again through self._d, which refuses
+        self._host_calls = self._ipc_calls = None  # found again through self._d, which refuses
         for name in _FAST_METHODS:
             vars(self).pop(name, None)  # back to the methods, which call self._c
         _cucalls.unbind(_refuse_forked)
@@ -445,25 +460,81 @@ class CudaDriver:
             stream,
         )
 
+    # ------------------------------------------------------------------ interprocess events
+
+    def _ipc_event_calls(self) -> tuple[Any, Any]:
+        calls = self._ipc_calls
+        if calls is None:
+            calls = self._ipc_calls = (
+                self._ctypes_call("cuIpcGetEventHandle", _IPC_GET_T),
+                self._ctypes_call("cuIpcOpenEventHandle", _IPC_OPEN_T),
+            )
+        return calls
+
+    def _check_ipc_events(self, ordinal: int) -> None:
+        d = self._d
+        attr = int(d.DeviceAttribute.IPC_EVENT_SUPPORTED)
+        supported = self._call(
+            "cuDeviceGetAttribute", d.device_get_attribute, attr, self._devices[ordinal]
+        )
+        if not supported:
+            raise UnsupportedFeatureError(
+                f"device {ordinal} ({self.device_name(ordinal)}) has no interprocess events "
+                "(CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED is 0)"
+            )
+
+    def ipc_event_create(self, ordinal: int) -> int:
+        self._use(ordinal)
+        self._check_ipc_events(ordinal)
+        flags = _EVENT_INTERPROCESS | _EVENT_DISABLE_TIMING
+        return int(self._call("cuEventCreate", self._d.event_create, flags))
+
+    def ipc_event_export(self, event: int) -> bytes:
+        get, _ = self._ipc_event_calls()
+        raw = _IpcEventHandle()
+        status = int(get(ctypes.byref(raw), event))
+        if status:
+            self._fail_status(status, "cuIpcGetEventHandle")
+        return bytes(raw.reserved).ljust(_IPC_HANDLE_SIZE, b"\0")
+
+    def ipc_event_open(self, ordinal: int, handle: bytes) -> int:
+        self._use(ordinal)
+        self._check_ipc_events(ordinal)
+        _, open_ = self._ipc_event_calls()
+        if len(handle) != _IPC_HANDLE_SIZE:
+            raise CudaError(
+                f"an interprocess event handle has {_IPC_HANDLE_SIZE} bytes, not {len(handle)}",
+                1,
+                "CUDA_ERROR_INVALID_VALUE",
+            )
+        raw = _IpcEventHandle()
+        ctypes.memmove(ctypes.byref(raw), handle, _IPC_HANDLE_SIZE)
+        event = ctypes.c_void_p()
+        status = int(open_(ctypes.byref(event), raw))
+        if status:
+            self._fail_status(status, "cuIpcOpenEventHandle")
+        return int(event.value or 0)
+
     # ------------------------------------------------------------------ host memory words
+
+    def _ctypes_call(self, name: str, proto: Any) -> Any:
+        """The driver's ``name`` (at the CUDA 12.0 ABI), as a ctypes function of ``proto``."""
+        pfn, status = self._call(
+            "cuGetProcAddress", self._d.get_proc_address_v2, name.encode(), _FAST_ABI, 0
+        )
+        if not pfn or int(status) != 0:
+            raise UnsupportedFeatureError(
+                f"the CUDA driver does not provide {name} (cuGetProcAddress)"
+            )
+        return proto(int(pfn))
 
     def _host_register_calls(self) -> tuple[Any, Any]:
         calls = self._host_calls
         if calls is None:
-            found = []
-            for name, proto in (
-                ("cuMemHostRegister", _HOST_REGISTER_T),
-                ("cuMemHostUnregister", _HOST_UNREGISTER_T),
-            ):
-                pfn, status = self._call(
-                    "cuGetProcAddress", self._d.get_proc_address_v2, name.encode(), _FAST_ABI, 0
-                )
-                if not pfn or int(status) != 0:
-                    raise UnsupportedFeatureError(
-                        f"the CUDA driver does not provide {name} (cuGetProcAddress)"
-                    )
-                found.append(proto(int(pfn)))
-            calls = self._host_calls = (found[0], found[1])
+            calls = self._host_calls = (
+                self._ctypes_call("cuMemHostRegister", _HOST_REGISTER_T),
+                self._ctypes_call("cuMemHostUnregister", _HOST_UNREGISTER_T),
+            )
         return calls
 
     def _check_host_words(self, ordinal: int) -> None:

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import mmap
 import os
+import struct
 import threading
 import time
 from collections import deque
@@ -40,12 +42,17 @@ _INVALID_HANDLE: Final = 400
 _NOT_SUPPORTED: Final = 801
 _LAUNCH_FAILED: Final = 719
 _ILLEGAL_ADDRESS: Final = 700
+_INVALID_CONTEXT: Final = 201
 _ALREADY_REGISTERED: Final = 712
 _NOT_REGISTERED: Final = 713
 # How often a simulated stream waiting on a host memory word looks at it again. A host store
 # does not tell the simulator, as it does not tell a GPU, which polls the word too.
 _WORD_POLL_S: Final = 0.0002
 _I64_SIGN: Final = 1 << 63
+# A simulated interprocess event handle: a tag, the creating process and its fd of the event's
+# page, padded to the 64 bytes of CUipcEventHandle.
+_IPC_TAG: Final = b"aiocudasem-sim-ipc-event\0"
+_IPC_FORMAT: Final = f"={len(_IPC_TAG)}sqq"
 
 _HOST_FN_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _U64: Final = 1 << 64
@@ -55,6 +62,7 @@ _U64: Final = 1 << 64
 _CUDA_NAMES: Final = {
     _INVALID_VALUE: "CUDA_ERROR_INVALID_VALUE",
     101: "CUDA_ERROR_INVALID_DEVICE",
+    _INVALID_CONTEXT: "CUDA_ERROR_INVALID_CONTEXT",
     _INVALID_HANDLE: "CUDA_ERROR_INVALID_HANDLE",
     _ALREADY_REGISTERED: "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
     _NOT_REGISTERED: "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
@@ -151,14 +159,58 @@ class _Stream:
 
 
 class _Event:
-    __slots__ = ("device", "seq", "stamp", "stream", "timing")
+    __slots__ = ("device", "ipc", "seq", "stamp", "stream", "timing")
 
-    def __init__(self, device: int, timing: bool) -> None:
+    def __init__(self, device: int, timing: bool, ipc: _IpcPage | None = None) -> None:
         self.device = device
         self.stream: _Stream | None = None
         self.seq = 0
         self.stamp = 0.0
         self.timing = timing
+        self.ipc = ipc  # an interprocess event's shared state
+
+
+class _IpcPage:
+    """The state of a simulated interprocess event, in a page of shared memory that every
+    process that opened the event maps: how many records were made (in any process), and the
+    highest record whose work has completed. CUDA's IPC handle carries no fd, so the handle
+    names the creating process and its fd, which another process opens through /proc."""
+
+    __slots__ = ("fd", "map", "view")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.map = mmap.mmap(fd, mmap.PAGESIZE)
+        self.view: ctypes.Array[ctypes.c_uint64] | None = (ctypes.c_uint64 * 2).from_buffer(
+            self.map
+        )
+
+    @property
+    def recorded(self) -> int:
+        assert self.view is not None
+        return ctypes.addressof(self.view)
+
+    @property
+    def completed(self) -> int:
+        return self.recorded + 8
+
+    def reached(self, target: int) -> bool:
+        return _hostword.load(self.completed) >= target
+
+    def latest(self) -> int:
+        return _hostword.load(self.recorded)
+
+    def next_record(self) -> int:
+        """Count one more record, atomically across processes; return its number."""
+        while True:
+            current = _hostword.load(self.recorded)
+            if _hostword.advance(self.recorded, current + 1) == current:
+                return current + 1
+
+    def close(self) -> None:
+        self.view = None
+        self.map.close()
+        os.close(self.fd)
 
 
 class SimProducer:
@@ -498,8 +550,29 @@ class SimDriver:
         with self._lock:
             s = self._stream(stream, "cuStreamWaitEvent")
             ev = self._event(event, "cuStreamWaitEvent")
+            if ev.ipc is not None:
+                page, target = ev.ipc, ev.ipc.latest()  # the latest record, in any process
+
+                def wait() -> None:
+                    self._wait_ipc(s.device, page, target)
+
+                self._push(s, wait)
+                return
             src, seq = ev.stream, ev.seq  # the state captured now, as the driver does
             self._push(s, lambda: self._wait_seq(s.device, src, seq))
+
+    def _wait_ipc(self, device: int, page: _IpcPage, target: int) -> bool:
+        """Block until an interprocess event's record ``target`` has completed: another
+        process's stream does not tell this simulator, so it looks at the page every 0.2 ms,
+        as a stream waiting on host memory does. False after a fault."""
+        with self._lock:
+            while device not in self._faults:
+                if page.view is None:
+                    return True  # destroyed here: CUDA's wait captured the state already
+                if page.reached(target):
+                    return True
+                self._deps.wait(_WORD_POLL_S)
+            return False
 
     def _wait_seq(self, device: int, src: _Stream | None, seq: int) -> None:
         if src is not None:
@@ -532,8 +605,11 @@ class SimDriver:
 
     def event_destroy(self, event: int) -> None:
         with self._lock:
-            if self._events.pop(event, None) is None:
+            ev = self._events.pop(event, None)
+            if ev is None:
                 raise _error(_INVALID_HANDLE, "cuEventDestroy")
+            if ev.ipc is not None:
+                ev.ipc.close()
 
     def event_record(self, event: int, stream: int) -> None:
         with self._lock:
@@ -541,8 +617,19 @@ class SimDriver:
             s = self._stream(stream, "cuEventRecord")
             if ev.device != s.device:
                 raise _error(_INVALID_HANDLE, "cuEventRecord")
-            self._push(s, lambda: self._stamp(ev))
+            page = ev.ipc
+            if page is not None:
+                number = page.next_record()
+                self._push(s, lambda: self._complete_ipc(page, number))
+            else:
+                self._push(s, lambda: self._stamp(ev))
             ev.stream, ev.seq = s, s.submitted
+
+    def _complete_ipc(self, page: _IpcPage, number: int) -> None:
+        with self._lock:
+            if page.view is not None:
+                _hostword.advance(page.completed, number)
+            self._deps.notify_all()
 
     @staticmethod
     def _stamp(ev: _Event) -> None:
@@ -551,14 +638,76 @@ class SimDriver:
     def event_query(self, event: int) -> bool:
         with self._lock:
             ev = self._event(event, "cuEventQuery")
+            if ev.ipc is not None:
+                return ev.ipc.reached(ev.ipc.latest())
             return ev.stream is None or ev.stream.done >= ev.seq
 
     def event_synchronize(self, event: int) -> None:
         with self._lock:
             ev = self._event(event, "cuEventSynchronize")
-            src, seq = ev.stream, ev.seq
+            src, seq, page = ev.stream, ev.seq, ev.ipc
+            target = page.latest() if page is not None else 0
+        if page is not None:
+            if not self._wait_ipc(ev.device, page, target):
+                raise _error(self._faults[ev.device], "cuEventSynchronize")
+            return
         if src is not None and not self._block_until(ev.device, lambda: src.done >= seq):
             raise _error(self._faults[ev.device], "cuEventSynchronize")
+
+    # ------------------------------------------------------------------ interprocess events
+
+    def ipc_event_create(self, ordinal: int) -> int:
+        fd = os.memfd_create("aiocudasem-sim-ipc-event", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, mmap.PAGESIZE)
+            page = _IpcPage(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        with self._lock:
+            try:
+                self._check_device(ordinal, "cuEventCreate")
+            except BaseException:
+                page.close()
+                raise
+            handle = next(self._ids)
+            self._events[handle] = _Event(ordinal, False, page)
+            return handle
+
+    def ipc_event_export(self, event: int) -> bytes:
+        with self._lock:
+            ev = self._event(event, "cuIpcGetEventHandle")
+            if ev.ipc is None:
+                raise _error(_INVALID_VALUE, "cuIpcGetEventHandle")  # not interprocess
+            raw = struct.pack(_IPC_FORMAT, _IPC_TAG, os.getpid(), ev.ipc.fd)
+            return raw.ljust(64, b"\0")
+
+    def ipc_event_open(self, ordinal: int, handle: bytes) -> int:
+        with self._lock:
+            self._check_device(ordinal, "cuIpcOpenEventHandle")
+        if not isinstance(handle, bytes) or len(handle) != 64:
+            raise _error(_INVALID_VALUE, "cuIpcOpenEventHandle")
+        tag, pid, fd = struct.unpack_from(_IPC_FORMAT, handle)
+        if tag != _IPC_TAG:
+            raise _error(_INVALID_VALUE, "cuIpcOpenEventHandle")
+        if pid == os.getpid():
+            # The handle is for other processes: opening it where it was made is refused (HIP,
+            # which mirrors CUDA here, tests for the same error).
+            raise _error(_INVALID_CONTEXT, "cuIpcOpenEventHandle")
+        try:
+            own = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            # The creating process has gone, or its event with it.
+            raise _error(_INVALID_VALUE, "cuIpcOpenEventHandle") from None
+        try:
+            page = _IpcPage(own)
+        except (OSError, ValueError):
+            os.close(own)  # not an event's page: a handle of something else
+            raise _error(_INVALID_VALUE, "cuIpcOpenEventHandle") from None
+        with self._lock:
+            handle_id = next(self._ids)
+            self._events[handle_id] = _Event(ordinal, False, page)
+            return handle_id
 
     def event_elapsed_ms(self, start: int, end: int) -> float:
         with self._lock:
