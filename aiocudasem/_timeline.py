@@ -70,7 +70,7 @@ class _Page:
         self.view: ctypes.c_uint64 | None = ctypes.c_uint64.from_buffer(self.map)
         self.address = ctypes.addressof(self.view)
         self.fd = fd
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # re-entrant: signal() from a signal handler
         self.closed = False
         #: stream handle -> an event recorded after this timeline's last operation on it
         self.fences: dict[int, int] = {}
@@ -159,8 +159,10 @@ class HostTimeline(OnDevice):
 
     def signal(self, value: int) -> None:
         """Set the value to ``value`` from the host: GPU waits for ``value`` or less may go on,
-        and so may host waits. Thread-safe and non-blocking (an atomic compare-and-swap, no
-        driver call), so a producer thread or a signal handler may call it.
+        and so may host waits. Thread-safe, and makes no driver call: an atomic
+        compare-and-swap, under the timeline's lock, which an enqueue of one of its entries on
+        another thread holds for the length of that driver call. A producer thread may call it;
+        so may a signal handler (the lock is re-entrant).
 
         What this thread wrote to memory before the call is visible to whoever sees the new
         value. Signalling the current value again does nothing. Raises ``ValueError`` for a
@@ -273,13 +275,14 @@ def enqueue_words(
                 raise anyio.ClosedResourceError(
                     f"{'Signal' if write else 'Wait'} of a closed host timeline"
                 )
+            event = _fence_event(driver, timeline._device, page, stream)  # before the op
             call(stream, timeline._handle, value)
-            _fence(driver, timeline._device, page, stream)
+            driver.event_record(event, stream)
 
 
-def _fence(driver: Driver, device: int, page: _Page, stream: int) -> None:
-    """Record the page's event on ``stream`` after an operation on it. Called with the page's
-    lock held."""
+def _fence_event(driver: Driver, device: int, page: _Page, stream: int) -> int:
+    """The page's event for ``stream``, made if need be, so that nothing can fail between an
+    enqueued operation and its fence. Called with the page's lock held."""
     fences = page.fences
     event = fences.get(stream)
     if event is None:
@@ -292,9 +295,9 @@ def _fence(driver: Driver, device: int, page: _Page, stream: int) -> None:
                 if finished:
                     del fences[other]
                     driver.event_destroy(done)
-        event = driver.event_create(device)
+        event = driver.event_create(device, blocking=True)  # the release sleeps, never spins
         fences[stream] = event
-    driver.event_record(event, stream)
+    return event
 
 
 def _release_page(driver: Driver, page: _Page) -> None:
@@ -305,26 +308,29 @@ def _release_page(driver: Driver, page: _Page) -> None:
         page.closed = True  # no signal, load or enqueue touches the page from now on
         fences = list(page.fences.values())
         page.fences.clear()
-    gone = False  # the context is gone (a fault) or not ours (a forked child)
     try:
         for event in fences:
             driver.event_synchronize(event)
     except (DeviceFaultError, DriverUnavailableError):
-        gone = True
+        pass  # the context is gone (a fault) or not ours (a forked child): nothing runs
     for event in fences:
         try:
             driver.event_destroy(event)
         except AiocudasemError:
             pass
-    if not gone:
-        try:
-            driver.host_unregister(page.address)
-        except (DeviceFaultError, DriverUnavailableError):
-            pass
-        except AiocudasemError:
-            # Still registered: keep it mapped (leaked) rather than unmap memory the driver
-            # still tracks. The release reports the error.
-            raise
+    try:
+        driver.host_unregister(page.address)
+    except DriverUnavailableError:
+        pass  # a forked child: the registration is the parent's
+    except DeviceFaultError:
+        # Still registered in a dead context: keep the range mapped (leaked), so that no
+        # later mapping at this address meets the stale registration.
+        _detached.append(page)
+        return
+    except AiocudasemError:
+        # Still registered: keep it mapped (leaked) rather than unmap memory the driver
+        # still tracks. The release reports the error.
+        raise
     page.unmap()
 
 

@@ -2,12 +2,12 @@
 
 The consumer (this process) creates two host timelines, ``ready`` and ``done``, and a ring of
 frame slots in shared memory. It starts the producer as a child process and sends it all three
-over a Unix socket pair. The producer, a plain CPU process standing in for a camera or a
-decoder, writes frame n into slot ``n % RING`` and signals ``ready = n``; before it reuses a
-slot it awaits ``done >= n - RING``. For each frame the consumer enters
-``stream.handoff(Wait(ready, n), Signal(done, n))``: its stream waits on the GPU for the frame,
-the consumer checks the slot's words once its stream is past that wait, and its GPU work
-follows.
+over a Unix socket pair. The producer, a process whose frames come from the CPU (a camera or a
+decoder), writes frame n into slot ``n % RING`` and signals ``ready = n``; before it reuses a
+slot it awaits ``done >= n - RING`` (its own CUDA device watches the word for that). For
+each frame the consumer enters ``stream.handoff(Wait(ready, n), Signal(done, n))``: its stream
+waits on the GPU for the frame, the consumer checks the slot's words once its stream is past
+that wait, and its GPU work follows.
 
     python examples/host_timeline_processes.py --driver sim
     python examples/host_timeline_processes.py --driver sim --backend trio

@@ -167,3 +167,14 @@ def test_a_concurrent_first_wait_goes_after_the_hooks() -> None:
     first.join(5)
     second.join(5)
     assert b.calls == ["hook-start", "hook-end", "wait", "wait"]
+
+
+def test_the_device_attributes_asked_for_exist_in_the_bindings() -> None:
+    """The real driver asks for device attributes by name; each name must be a member of the
+    bindings' enum (a wrong one would fail only on a GPU)."""
+    from cuda.bindings._v2 import driver as d
+
+    from aiocudasem._driver._cuda import _HOST_WORD_ATTRIBUTES
+
+    for name in [attr for attr, _ in _HOST_WORD_ATTRIBUTES] + ["IPC_EVENT_SUPPORTED"]:
+        assert isinstance(int(getattr(d.DeviceAttribute, name)), int), name

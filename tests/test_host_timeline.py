@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import fcntl
 import gc
+import itertools
 import mmap
 import os
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -182,24 +185,45 @@ async def test_a_timeline_never_goes_back(sim: SimDriver) -> None:
             t.signal(1.0)  # type: ignore[arg-type]
 
 
-async def test_concurrent_signallers_only_move_it_forward(sim: SimDriver) -> None:
-    async with acs.create_host_timeline(driver=sim) as t:
+_SIGNALLER = """
+import sys
+import aiocudasem as acs
+from aiocudasem.testing import SimDriver
 
-        def signal_all(values: range) -> None:
-            for v in values:
-                try:
-                    t.signal(v)
-                except ValueError:
-                    pass  # another thread got further: refused, never stored
+t = acs.open_host_timeline(int(sys.argv[1]), driver=SimDriver())
+for v in range(int(sys.argv[2]), 200_000, 2):
+    try:
+        t.signal(v)
+    except ValueError:
+        pass  # the other process got further: refused, never stored
+t.close()
+"""
 
-        threads = [
-            threading.Thread(target=signal_all, args=(range(i, 20000, 4),)) for i in range(4)
-        ]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        assert t.value == 19999
+
+def test_signallers_in_two_processes_only_move_it_forward(sim: SimDriver) -> None:
+    """Two processes signal interleaved values as fast as they can while this one watches:
+    the value never goes back, and ends at the highest. Within one process the GIL would
+    serialise the signals; across processes only the compare-and-swap keeps them in order."""
+    t = acs.create_host_timeline(driver=sim)
+    fds = [t.export_fd() for _ in range(2)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _SIGNALLER, str(fd), str(start)], pass_fds=[fd], env=env
+        )
+        for fd, start in zip(fds, (0, 1), strict=True)
+    ]
+    for fd in fds:
+        os.close(fd)
+    seen = [0]
+    while any(p.poll() is None for p in procs):
+        seen.append(t.value)
+    for p in procs:
+        assert p.wait(60) == 0
+    seen.append(t.value)
+    assert all(a <= b for a, b in itertools.pairwise(seen))
+    assert seen[-1] == 199_999
+    t.close()
 
 
 async def test_entries_are_checked_when_made(sim: SimDriver) -> None:
@@ -345,6 +369,29 @@ async def test_a_fault_under_a_pending_wait_still_releases_the_page(sim: SimDriv
         await t.aclose()  # the device's context is gone: nothing can still read the page
     s.close()
     assert open_fds() == before
+    assert released(sim, t, 0)  # the simulator lets a faulted context unregister it
+
+
+async def test_a_failure_before_the_operation_leaves_nothing_unfenced(sim: SimDriver) -> None:
+    """The timeline's event for a stream is made before the operation is enqueued: if making
+    it fails, nothing was enqueued, and the release cannot pull the page from under a wait."""
+    t = acs.create_host_timeline(driver=sim)
+    create = sim.event_create
+
+    def refuse(*args: object, **kwargs: object) -> int:
+        raise acs.CudaError("cuEventCreate failed [test]", 2, "CUDA_ERROR_OUT_OF_MEMORY")
+
+    async with acs.open_stream(driver=sim) as s:
+        sim.event_create = refuse  # type: ignore[method-assign]
+        try:
+            with pytest.raises(acs.CudaError, match="test"):
+                s.enqueue_wait(acs.Wait(t, 1))
+        finally:
+            sim.event_create = create  # type: ignore[method-assign]
+        with anyio.fail_after(10):
+            await t.aclose()
+            await s.wait_complete()  # nothing was left waiting on the stream
+    sim.check_health(0)
 
 
 async def test_many_timelines_leak_no_fd(sim: SimDriver) -> None:

@@ -545,7 +545,10 @@ class CudaDriver:
         dev = self._devices[ordinal]
         for attr, what in _HOST_WORD_ATTRIBUTES:
             value = self._call(
-                "cuDeviceGetAttribute", d.device_get_attribute, int(d.DeviceAttribute[attr]), dev
+                "cuDeviceGetAttribute",
+                d.device_get_attribute,
+                int(getattr(d.DeviceAttribute, attr)),
+                dev,
             )
             if not value:
                 raise UnsupportedFeatureError(
