@@ -178,3 +178,30 @@ def test_the_device_attributes_asked_for_exist_in_the_bindings() -> None:
 
     for name in [attr for attr, _ in _HOST_WORD_ATTRIBUTES] + ["IPC_EVENT_SUPPORTED"]:
         assert isinstance(int(getattr(d.DeviceAttribute, name)), int), name
+
+
+def test_an_interprocess_handle_travels_whole_with_its_nul_bytes() -> None:
+    """CUDA's 64-byte event handle holds NUL bytes: export returns all 64, and open passes
+    them on unchanged (the handle struct's field, read as bytes, would stop at the first)."""
+    import ctypes
+
+    from aiocudasem._driver._cuda import _IpcEventHandle
+
+    raw = bytes(range(64))  # a NUL first, others later
+    seen: list[bytes] = []
+
+    def get(out: Any, event: int) -> int:
+        ctypes.memmove(out, raw, 64)
+        return 0
+
+    def open_(out: Any, handle: _IpcEventHandle) -> int:
+        seen.append(bytes(handle))
+        ctypes.cast(out, ctypes.POINTER(ctypes.c_void_p))[0] = 0xE7
+        return 0
+
+    drv = _driver(_Bindings(library_fails=False))
+    drv._ipc_calls = (get, open_)
+    drv._check_ipc_events = lambda ordinal: None  # type: ignore[method-assign]
+    assert drv.ipc_event_export(0x10) == raw
+    assert drv.ipc_event_open(0, raw) == 0xE7
+    assert seen == [raw]

@@ -495,7 +495,7 @@ class CudaDriver:
         status = int(get(ctypes.byref(raw), event))
         if status:
             self._fail_status(status, "cuIpcGetEventHandle")
-        return bytes(raw.reserved).ljust(_IPC_HANDLE_SIZE, b"\0")
+        return bytes(raw)  # all 64 bytes: the field itself would stop at the first NUL
 
     def ipc_event_open(self, ordinal: int, handle: bytes) -> int:
         self._use(ordinal)
