@@ -620,13 +620,20 @@ class SimDriver:
             page = ev.ipc
             if page is not None:
                 number = page.next_record()
-                self._push(s, lambda: self._complete_ipc(page, number))
+                self._push(s, lambda: self._complete_ipc(s.device, page, number))
             else:
                 self._push(s, lambda: self._stamp(ev))
             ev.stream, ev.seq = s, s.submitted
 
-    def _complete_ipc(self, page: _IpcPage, number: int) -> None:
+    def _complete_ipc(self, device: int, page: _IpcPage, number: int) -> None:
+        """Record ``number`` of an interprocess event completes after the one before it, in
+        whichever process that was made (seen on an H200: a record made after one whose
+        process died never completed). Blocks the recording stream until then."""
         with self._lock:
+            while page.view is not None and not page.reached(number - 1):
+                if device in self._faults:
+                    return
+                self._deps.wait(_WORD_POLL_S)
             if page.view is not None:
                 _hostword.advance(page.completed, number)
             self._deps.notify_all()
