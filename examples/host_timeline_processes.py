@@ -11,7 +11,11 @@ that wait, and its GPU work follows.
 
     python examples/host_timeline_processes.py --driver sim
     python examples/host_timeline_processes.py --driver sim --backend trio
+    python examples/host_timeline_processes.py --driver sim --gpu-producer
     python examples/host_timeline_processes.py --driver sim --kill-producer-after 300
+
+With ``--gpu-producer`` the producer is a CUDA producer: its own GPU signals ``ready = n``
+after the frame's kernel, a write to the shared page that the consumer's GPU sees.
 
 With ``--kill-producer-after N`` the consumer kills the producer after frame N. It notices
 that the producer's end of the socket closed, stops waiting, signals ``ready`` to its highest
@@ -58,22 +62,34 @@ async def watch(sock: anyio.abc.UNIXSocketStream, scope: anyio.CancelScope) -> N
 # ---------------------------------------------------------------------------- the producer
 
 
-async def produce(fd: int, driver_name: str, frames: int) -> None:
+async def produce(fd: int, driver_name: str, frames: int, gpu: bool) -> None:
+    """With ``gpu``, each frame also passes through the producer's own GPU, which signals
+    ``ready`` after its kernel (a CUDA producer); without, the CPU signals it."""
     driver = acs.get_driver(driver_name)
+    work = workloads(driver)
     async with await anyio.abc.UNIXSocketStream.from_socket(socket.socket(fileno=fd)) as sock:
         ready = await acs.receive_host_timeline(sock, driver=driver)
         done = await acs.receive_host_timeline(sock, driver=driver)
         _, fds = await sock.receive_fds(64, 1)
         ring, slots = frame_ring(fds[0])
         os.close(fds[0])
-        async with ready, done, anyio.create_task_group() as tg:
+        async with (
+            ready,
+            done,
+            acs.open_stream(driver=driver) as stream,
+            anyio.create_task_group() as tg,
+        ):
             tg.start_soon(watch, sock, tg.cancel_scope)
             try:
                 for n in range(1, frames + 1):
                     if n > RING:
                         await done.wait_value(n - RING)  # the slot's last frame is consumed
                     slots[n % RING] = frame_words(n, WORDS)
-                    ready.signal(n)
+                    if gpu:
+                        work.launch_spin(stream.handle, 20_000)  # stands in for its kernels
+                        stream.enqueue_signal(acs.Signal(ready, n))  # its GPU signals
+                    else:
+                        ready.signal(n)
                 await done.wait_value(frames)
             finally:
                 if tg.cancel_scope.cancel_called:  # the consumer is gone: free our waits
@@ -87,7 +103,7 @@ async def produce(fd: int, driver_name: str, frames: int) -> None:
 
 
 async def consume(
-    driver_name: str | None, frames: int, kill_after: int | None, backend: str
+    driver_name: str | None, frames: int, kill_after: int | None, backend: str, gpu: bool
 ) -> int:
     driver = acs.get_driver(driver_name)  # None: $AIOCUDASEM_DRIVER, else the real GPU
     work = workloads(driver)  # on a GPU, load the kernels before the first wait
@@ -104,6 +120,7 @@ async def consume(
             str(frames),
             "--backend",
             backend,
+            *(["--gpu-producer"] if gpu else []),
         ],
         stdin=None,
         stdout=None,
@@ -154,9 +171,10 @@ async def consume(
             file=sys.stderr,
         )
         return 1
+    who = "GPU" if gpu else "CPU"
     print(
         f"all {frames} frames handed over between two processes in {took:.2f} s on "
-        f"driver '{driver.name}' ({backend}), every frame intact"
+        f"driver '{driver.name}' ({backend}, the producer's {who} signalling), every frame intact"
     )
     return code
 
@@ -167,13 +185,25 @@ if __name__ == "__main__":
     parser.add_argument("--frames", type=int, default=1000)
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
     parser.add_argument("--kill-producer-after", type=int, default=None, metavar="N")
+    parser.add_argument(
+        "--gpu-producer",
+        action="store_true",
+        help="the producer's GPU signals each frame after its kernel, instead of its CPU",
+    )
     parser.add_argument("--producer", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.frames < 1:
         parser.error("need --frames >= 1")
     try:
         if args.producer is not None:
-            anyio.run(produce, args.producer, args.driver, args.frames, backend=args.backend)
+            anyio.run(
+                produce,
+                args.producer,
+                args.driver,
+                args.frames,
+                args.gpu_producer,
+                backend=args.backend,
+            )
             sys.exit(0)
         sys.exit(
             anyio.run(
@@ -182,6 +212,7 @@ if __name__ == "__main__":
                 args.frames,
                 args.kill_producer_after,
                 args.backend,
+                args.gpu_producer,
                 backend=args.backend,
             )
         )

@@ -205,15 +205,19 @@ def test_observability() -> None:
     assert "device 1 of the sim driver faulted" in errors[0]
 
 
+@pytest.mark.parametrize("who", ["CPU", "GPU"])
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 @pytest.mark.parametrize("driver", DRIVERS)
-def test_host_timelines_between_two_processes(driver: str, backend: str) -> None:
-    """1,000 frames from a producer process, every one checked by the consumer."""
-    out = run_example(
-        "host_timeline_processes.py", "--driver", driver, "--backend", backend, timeout=120
-    ).stdout
-    assert out.splitlines()[-1].startswith("all 1000 frames handed over between two processes")
-    assert out.splitlines()[-1].endswith(f"on driver '{driver}' ({backend}), every frame intact")
+def test_host_timelines_between_two_processes(driver: str, backend: str, who: str) -> None:
+    """1,000 frames from a producer process, every one checked by the consumer; the producer's
+    CPU or its GPU (a CUDA producer) signals each."""
+    args = ["--driver", driver, "--backend", backend] + (["--gpu-producer"] if who == "GPU" else [])
+    out = run_example("host_timeline_processes.py", *args, timeout=120).stdout
+    last = out.splitlines()[-1]
+    assert last.startswith("all 1000 frames handed over between two processes")
+    assert last.endswith(
+        f"on driver '{driver}' ({backend}, the producer's {who} signalling), every frame intact"
+    )
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
