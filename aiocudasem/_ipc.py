@@ -14,12 +14,13 @@ from functools import partial
 from typing import TYPE_CHECKING, Final
 
 import anyio
+import anyio.lowlevel
 
 from . import _release
 from ._checks import check_device, check_ordinal, resolve_driver
 from ._errors import DeviceMismatchError
-from ._foreign import wait_event
 from ._lifetime import OnDevice
+from ._notifier import wait_private_stream
 from ._semaphore import driver_label
 from ._stream import Stream, _destroy_event
 
@@ -145,7 +146,17 @@ class IpcEvent(OnDevice):
         handle = self.handle
         self._waiters += 1
         try:
-            await wait_event(handle, device=self._device, driver=self._driver)
+            driver = self._driver
+            if driver.event_query(handle):  # the record of this moment is complete
+                await anyio.lowlevel.checkpoint()
+                return
+            # Capture the record of this moment on a private stream (cuStreamWaitEvent takes
+            # the event's state at the call) and await that stream. A query of the event itself
+            # would see records made later, in any process, and a wait that spins or chains
+            # would then cover a record that may depend on this one.
+            await wait_private_stream(
+                driver, self._device, lambda stream: driver.stream_wait_event(stream, handle)
+            )
         finally:
             self._waiters -= 1
 

@@ -13,6 +13,7 @@ import gc
 import os
 import pickle
 import socket
+import subprocess
 import sys
 import time
 import warnings
@@ -313,6 +314,83 @@ async def test_bad_input_and_closed_events(sim: SimDriver) -> None:
             call()
     with pytest.raises(anyio.ClosedResourceError):
         await event.wait()
+
+
+async def test_a_stream_wait_outlives_the_closed_event(sim: SimDriver) -> None:
+    """cuStreamWaitEvent captured the record: closing the event does not release the wait."""
+    async with acs.open_stream(driver=sim) as a, acs.open_stream(driver=sim) as b:
+        event = acs.create_ipc_event(driver=sim)
+        gate = hold(a)
+        event.record(a)
+        b.enqueue_event_wait(event)
+        event.close()
+        await anyio.sleep(0.1)
+        assert not b.query()
+        gate.set()
+        with anyio.fail_after(10):
+            await b.wait_complete()
+
+
+async def test_a_wait_covers_the_record_of_its_call_only(sim: SimDriver) -> None:
+    """A record made after the call (by another process, pipelining) is not waited for: here
+    it waits for the waiter's acknowledgement, and covering it would deadlock."""
+    async with (
+        acs.create_ipc_event(driver=sim) as event,
+        acs.open_stream(driver=sim) as a,
+        acs.open_stream(driver=sim) as b,
+    ):
+        first = hold(a)
+        event.record(a)
+        ack = hold(b)
+        called = anyio.Event()
+
+        async def consumer() -> None:
+            called.set()
+            await event.wait()
+            ack.set()
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consumer)
+                await called.wait()
+                event.record(b)  # behind the acknowledgement
+                first.set()
+        ack.set()
+
+
+def test_a_handle_naming_another_file_is_refused(sim: SimDriver, tmp_path: Path) -> None:
+    """A stale or forged handle whose pid and fd name an ordinary file is refused, and the file
+    is neither mapped nor written."""
+    import struct
+
+    from aiocudasem._driver import _sim
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"A" * 4096)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import os,time; print(os.open({str(victim)!r}, os.O_RDWR), "
+            "flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        fd = int(holder.stdout.readline())  # type: ignore[union-attr]
+        raw = struct.pack(_sim._IPC_FORMAT, _sim._IPC_TAG, holder.pid, fd, victim.stat().st_ino)
+        handle = acs.IpcEventHandle(raw.ljust(64, b"\0"), sim.device_uuid(0))
+        before = len(os.listdir("/proc/self/fd"))
+        with pytest.raises(acs.CudaError) as info:
+            acs.open_ipc_event(handle, driver=sim)
+        assert info.value.status == 1
+        assert len(os.listdir("/proc/self/fd")) == before
+        assert victim.read_bytes() == b"A" * 4096
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()  # type: ignore[union-attr]
 
 
 def test_a_device_without_interprocess_events_is_refused() -> None:

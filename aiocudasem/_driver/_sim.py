@@ -16,6 +16,7 @@ GPU:
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import itertools
 import mmap
 import os
@@ -49,10 +50,14 @@ _NOT_REGISTERED: Final = 713
 # does not tell the simulator, as it does not tell a GPU, which polls the word too.
 _WORD_POLL_S: Final = 0.0002
 _I64_SIGN: Final = 1 << 63
-# A simulated interprocess event handle: a tag, the creating process and its fd of the event's
-# page, padded to the 64 bytes of CUipcEventHandle.
+# A simulated interprocess event handle: a tag, the creating process, its fd of the event's
+# page and the page's inode (so that a stale or forged pid/fd naming any other file is refused),
+# padded to the 64 bytes of CUipcEventHandle.
 _IPC_TAG: Final = b"aiocudasem-sim-ipc-event\0"
-_IPC_FORMAT: Final = f"={len(_IPC_TAG)}sqq"
+_IPC_FORMAT: Final = f"={len(_IPC_TAG)}sqqQ"
+_IPC_NAME: Final = "aiocudasem-sim-ipc-event"
+# The page can neither shrink nor grow: no process can truncate it under a mapping (SIGBUS).
+_IPC_SEALS: Final = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 _HOST_FN_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _U64: Final = 1 << 64
@@ -174,20 +179,35 @@ class _IpcPage:
     """The state of a simulated interprocess event, in a page of shared memory that every
     process that opened the event maps: how many records were made (in any process), and the
     highest record whose work has completed. CUDA's IPC handle carries no fd, so the handle
-    names the creating process and its fd, which another process opens through /proc."""
+    names the creating process and its fd, which another process opens through /proc.
 
-    __slots__ = ("fd", "map", "view")
+    The page owns its fd and stays mapped for as long as anything refers to it: the event, and
+    every record and stream wait still pending on it (as CUDA keeps a destroyed event's
+    resources until its pending work is done). Nothing reads an unmapped page."""
+
+    __slots__ = ("fd", "ino", "map", "view")
 
     def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.map = mmap.mmap(fd, mmap.PAGESIZE)
-        self.view: ctypes.Array[ctypes.c_uint64] | None = (ctypes.c_uint64 * 2).from_buffer(
-            self.map
-        )
+        # Raises OSError or ValueError without taking fd: the caller closes it then.
+        page = mmap.mmap(fd, mmap.PAGESIZE)
+        self.view = (ctypes.c_uint64 * 2).from_buffer(page)
+        self.map = page
+        self.ino = os.fstat(fd).st_ino
+        self.fd = fd  # last: from here on the page owns the fd
+
+    def __del__(self) -> None:
+        fd = getattr(self, "fd", None)
+        if fd is None:
+            return  # __init__ failed: the caller keeps its fd
+        try:
+            del self.view  # the export that would keep the map from closing
+            self.map.close()
+            os.close(fd)
+        except Exception:  # interpreter shutdown
+            pass
 
     @property
     def recorded(self) -> int:
-        assert self.view is not None
         return ctypes.addressof(self.view)
 
     @property
@@ -207,10 +227,17 @@ class _IpcPage:
             if _hostword.advance(self.recorded, current + 1) == current:
                 return current + 1
 
-    def close(self) -> None:
-        self.view = None
-        self.map.close()
-        os.close(self.fd)
+
+def _tgid(pid: int) -> int | None:
+    """The process that ``pid`` (perhaps a thread's id) belongs to, or None."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 class SimProducer:
@@ -470,6 +497,7 @@ class SimDriver:
                 if s.device not in self._faults:
                     s.done += 1
                 self._deps.notify_all()
+            del op  # not kept while the worker idles: it may hold an event's page
 
     def _block_until(
         self, device: int, ready: Callable[[], bool], then: Callable[[], None] | None = None
@@ -564,11 +592,10 @@ class SimDriver:
     def _wait_ipc(self, device: int, page: _IpcPage, target: int) -> bool:
         """Block until an interprocess event's record ``target`` has completed: another
         process's stream does not tell this simulator, so it looks at the page every 0.2 ms,
-        as a stream waiting on host memory does. False after a fault."""
+        as a stream waiting on host memory does. False after a fault. The event may be
+        destroyed meanwhile: the wait captured the record, and holds the page."""
         with self._lock:
             while device not in self._faults:
-                if page.view is None:
-                    return True  # destroyed here: CUDA's wait captured the state already
                 if page.reached(target):
                     return True
                 self._deps.wait(_WORD_POLL_S)
@@ -608,8 +635,7 @@ class SimDriver:
             ev = self._events.pop(event, None)
             if ev is None:
                 raise _error(_INVALID_HANDLE, "cuEventDestroy")
-            if ev.ipc is not None:
-                ev.ipc.close()
+            # An interprocess event's page goes when its pending records and waits are done.
 
     def event_record(self, event: int, stream: int) -> None:
         with self._lock:
@@ -630,12 +656,13 @@ class SimDriver:
         whichever process that was made (seen on an H200: a record made after one whose
         process died never completed). Blocks the recording stream until then."""
         with self._lock:
-            while page.view is not None and not page.reached(number - 1):
+            while not page.reached(number - 1):
                 if device in self._faults:
                     return
                 self._deps.wait(_WORD_POLL_S)
-            if page.view is not None:
-                _hostword.advance(page.completed, number)
+            # Also after the event was destroyed here: the record still completes, for
+            # every other process, as CUDA's does.
+            _hostword.advance(page.completed, number)
             self._deps.notify_all()
 
     @staticmethod
@@ -664,19 +691,16 @@ class SimDriver:
     # ------------------------------------------------------------------ interprocess events
 
     def ipc_event_create(self, ordinal: int) -> int:
-        fd = os.memfd_create("aiocudasem-sim-ipc-event", os.MFD_CLOEXEC)
+        fd = os.memfd_create(_IPC_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, mmap.PAGESIZE)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _IPC_SEALS)
             page = _IpcPage(fd)
         except BaseException:
             os.close(fd)
             raise
         with self._lock:
-            try:
-                self._check_device(ordinal, "cuEventCreate")
-            except BaseException:
-                page.close()
-                raise
+            self._check_device(ordinal, "cuEventCreate")  # a failure drops (closes) the page
             handle = next(self._ids)
             self._events[handle] = _Event(ordinal, False, page)
             return handle
@@ -686,7 +710,7 @@ class SimDriver:
             ev = self._event(event, "cuIpcGetEventHandle")
             if ev.ipc is None:
                 raise _error(_INVALID_VALUE, "cuIpcGetEventHandle")  # not interprocess
-            raw = struct.pack(_IPC_FORMAT, _IPC_TAG, os.getpid(), ev.ipc.fd)
+            raw = struct.pack(_IPC_FORMAT, _IPC_TAG, os.getpid(), ev.ipc.fd, ev.ipc.ino)
             return raw.ljust(64, b"\0")
 
     def ipc_event_open(self, ordinal: int, handle: bytes) -> int:
@@ -694,22 +718,32 @@ class SimDriver:
             self._check_device(ordinal, "cuIpcOpenEventHandle")
         if not isinstance(handle, bytes) or len(handle) != 64:
             raise _error(_INVALID_VALUE, "cuIpcOpenEventHandle")
-        tag, pid, fd = struct.unpack_from(_IPC_FORMAT, handle)
-        if tag != _IPC_TAG:
+        tag, pid, fd, ino = struct.unpack_from(_IPC_FORMAT, handle)
+        if tag != _IPC_TAG or pid <= 0 or fd < 0:
             raise _error(_INVALID_VALUE, "cuIpcOpenEventHandle")
-        if pid == os.getpid():
+        if pid == os.getpid() or _tgid(pid) == os.getpid():
             # The handle is for other processes: opening it where it was made is refused (HIP,
-            # which mirrors CUDA here, tests for the same error).
+            # which mirrors CUDA here, tests for the same error). A thread's id is its process.
             raise _error(_INVALID_CONTEXT, "cuIpcOpenEventHandle")
+        path = f"/proc/{pid}/fd/{fd}"
         try:
-            own = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+            # Look before opening: a stale or forged handle may name any file or device.
+            if not os.readlink(path).startswith(f"/memfd:{_IPC_NAME} "):
+                raise OSError
+            own = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOCTTY)
         except OSError:
-            # The creating process has gone, or its event with it.
+            # The creating process has gone, or its event with it, or not an event's page.
             raise _error(_INVALID_VALUE, "cuIpcOpenEventHandle") from None
         try:
+            # The page of that event (not one that reused the fd number), sealed against
+            # truncation, so that no read of it can fault.
+            if os.fstat(own).st_ino != ino or (
+                fcntl.fcntl(own, fcntl.F_GET_SEALS) & _IPC_SEALS != _IPC_SEALS
+            ):
+                raise OSError
             page = _IpcPage(own)
         except (OSError, ValueError):
-            os.close(own)  # not an event's page: a handle of something else
+            os.close(own)
             raise _error(_INVALID_VALUE, "cuIpcOpenEventHandle") from None
         with self._lock:
             handle_id = next(self._ids)
