@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from . import _release
 from ._driver import Driver, get_driver
 
-__all__ = ("check_device", "check_ordinal", "check_uint", "resolve_driver")
+__all__ = ("check_device", "check_ordinal", "check_uint", "resolve_device", "resolve_driver")
 
 
 def resolve_driver(driver: Driver | str | None) -> Driver:
@@ -37,3 +38,16 @@ def check_uint(name: str, value: object, bound: int) -> int:
     if not 0 <= value < bound:
         raise ValueError(f"{name} must be in [0, 2**{bound.bit_length() - 1}), got {value}")
     return value
+
+
+def resolve_device(device: object, driver: Driver | str | None) -> tuple[Driver, int]:
+    """The driver and device ordinal that a call which creates something on a device is given:
+    ``TypeError``/``ValueError`` for a bad ordinal or one the driver lacks. Releases what
+    finalizers deferred first, as every entry point that creates does."""
+    ordinal = check_ordinal(device)
+    if ordinal < 0:
+        raise ValueError(f"device must be an ordinal >= 0, not {ordinal}")
+    drv = resolve_driver(driver)
+    _release.flush()
+    check_device(drv, ordinal)
+    return drv, ordinal

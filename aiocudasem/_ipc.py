@@ -17,7 +17,7 @@ import anyio
 import anyio.lowlevel
 
 from . import _release
-from ._checks import check_device, check_ordinal, resolve_driver
+from ._checks import resolve_device, resolve_driver
 from ._errors import DeviceMismatchError
 from ._lifetime import OnDevice
 from ._notifier import wait_private_stream
@@ -188,12 +188,7 @@ def create_ipc_event(device: int = 0, *, driver: Driver | str | None = None) -> 
     :class:`~aiocudasem.UnsupportedFeatureError` for a device without interprocess events,
     and :class:`~aiocudasem.CudaError` if the driver cannot create it.
     """
-    ordinal = check_ordinal(device)
-    if ordinal < 0:
-        raise ValueError(f"device must be an ordinal >= 0, not {ordinal}")
-    drv = resolve_driver(driver)
-    _release.flush()
-    check_device(drv, ordinal)
+    drv, ordinal = resolve_device(device, driver)
     return IpcEvent._create(drv, ordinal, drv.ipc_event_create(ordinal), opened=False)
 
 

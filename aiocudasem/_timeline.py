@@ -28,7 +28,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from . import _hostword, _release
-from ._checks import check_device, check_ordinal, check_uint, resolve_driver
+from ._checks import check_uint, resolve_device
 from ._errors import AiocudasemError, DeviceFaultError, DriverUnavailableError
 from ._lifetime import OnDevice
 from ._notifier import wait_private_stream
@@ -388,7 +388,7 @@ def create_host_timeline(
     register the page.
     """
     start = _check_value(initial)
-    drv, ordinal = _device(device, driver)
+    drv, ordinal = resolve_device(device, driver)
     fd = _new_fd(start)
     try:
         return HostTimeline._create(drv, ordinal, fd)
@@ -411,15 +411,5 @@ def open_host_timeline(
     what :func:`create_host_timeline` raises.
     """
     _check_fd(fd)
-    drv, ordinal = _device(device, driver)
+    drv, ordinal = resolve_device(device, driver)
     return HostTimeline._create(drv, ordinal, fd)
-
-
-def _device(device: object, driver: Driver | str | None) -> tuple[Driver, int]:
-    ordinal = check_ordinal(device)
-    if ordinal < 0:
-        raise ValueError(f"device must be an ordinal >= 0, not {ordinal}")
-    drv = resolve_driver(driver)
-    _release.flush()
-    check_device(drv, ordinal)
-    return drv, ordinal

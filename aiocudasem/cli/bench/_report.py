@@ -134,13 +134,18 @@ def summarize(entry: dict[str, Any]) -> dict[str, dict[str, float]]:
         except KeyError:
             continue
         if values:
-            out[name] = {
-                "median": statistics.median(values),
-                "min": min(values),
-                "max": max(values),
-                "runs": len(values),
-            }
+            out[name] = over_runs(values)
     return out
+
+
+def over_runs(values: list[float]) -> dict[str, float]:
+    """One figure of several runs: its median, lowest and highest, and how many runs."""
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "runs": len(values),
+    }
 
 
 def spread(fig: dict[str, float] | None, spec: str = ".0f") -> str:

@@ -21,6 +21,7 @@ from typing import Any, Final
 import aiocudasem as acs
 
 from ._common import pct, say
+from ._report import over_runs
 
 #: How long the stream is given to reach its wait and block there before each signal.
 SETTLE_S: Final = 0.0003
@@ -187,10 +188,5 @@ def summarize_signal(entry: dict[str, Any]) -> dict[str, dict[str, float]]:
     for name, get in (("median_us", statistics.median), ("p99_us", lambda r: pct(r, 99))):
         values = [get(r) for r in entry.get("runs", []) if r]
         if values:
-            out[name] = {
-                "median": statistics.median(values),
-                "min": min(values),
-                "max": max(values),
-                "runs": len(values),
-            }
+            out[name] = over_runs(values)
     return out
