@@ -72,7 +72,7 @@ static PyObject *hw_advance(PyObject *Py_UNUSED(m), PyObject *const *args, Py_ss
         return NULL;
     uint64_t seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
     while (seen <= value) {
-        if (seen == value) break; /* nothing to store; still a release point for the caller */
+        if (seen == value) break; /* already there: nothing to store */
         if (__atomic_compare_exchange_n(word, &seen, value, 1, __ATOMIC_ACQ_REL,
                                         __ATOMIC_ACQUIRE))
             break;

@@ -53,7 +53,7 @@ class IpcEventHandle:
             if not isinstance(value, bytes):
                 raise TypeError(f"IpcEventHandle.{name} must be bytes, not {type(value).__name__}")
             if len(value) != size:
-                raise ValueError(f"IpcEventHandle.{name} has {size} bytes, not {len(value)}")
+                raise ValueError(f"IpcEventHandle.{name} must have {size} bytes, not {len(value)}")
 
 
 class IpcEvent(OnDevice):
@@ -114,10 +114,10 @@ class IpcEvent(OnDevice):
                 "foreign stream with aiocudasem.Stream.adopt()"
             )
         handle = self.handle
-        self.check_stream(stream)
+        self._check_stream(stream)
         self._driver.event_record(handle, stream.handle)
 
-    def check_stream(self, stream: Stream) -> None:
+    def _check_stream(self, stream: Stream) -> None:
         """Raise :class:`DeviceMismatchError` unless ``stream`` is of this event's driver and
         device."""
         if stream._driver is not self._driver:
@@ -175,7 +175,8 @@ class IpcEvent(OnDevice):
 
     def close(self) -> None:
         """Destroy this process's event. Idempotent. Raises ``anyio.BusyResourceError`` while a
-        coroutine waits on it. A creator that closes its event ends it for every process."""
+        coroutine waits on it. Once the creator has closed its event, CUDA leaves its use in the
+        other processes undefined: close the opened copies first."""
         if self._waiters and not self.closed:
             raise anyio.BusyResourceError("waiting on")
         super().close()

@@ -2,8 +2,8 @@
 
 A :class:`HostTimeline` is a 64-bit counter in one page of shared memory (a sealed memfd),
 page-locked and mapped for the GPU. The GPU waits on it with ``cuStreamWaitValue64`` and
-writes it with ``cuStreamWriteValue64``; the host signals it with an atomic store and reads it
-with an atomic load. It takes part in :class:`~aiocudasem.Wait` and
+writes it with ``cuStreamWriteValue64``; the host signals it with an atomic compare-and-swap
+and reads it with an atomic load. It takes part in :class:`~aiocudasem.Wait` and
 :class:`~aiocudasem.Signal` entries like an imported timeline semaphore, and another process
 maps the same page from an fd (:meth:`HostTimeline.export_fd`, :func:`open_host_timeline`).
 
@@ -92,14 +92,17 @@ class HostTimeline(OnDevice):
       imported timeline semaphore: ``Wait(t, n)`` makes later work wait until the value is at
       least ``n`` (``cuStreamWaitValue64``), ``Signal(t, n)`` writes ``n`` once earlier work is
       done (``cuStreamWriteValue64``).
-    - On the host, :meth:`signal` moves the value forward from any thread, without blocking,
-      and :meth:`wait_value` awaits a value without polling, as an external semaphore's does.
+    - On the host, :meth:`signal` moves the value forward from any thread, without a driver
+      call (it may briefly wait for the timeline's lock), and :meth:`wait_value` awaits a
+      value without polling, as an external semaphore's does.
     - Values are in [0, 2**63): the GPU compares them as signed 64-bit differences.
 
     ``handle`` is the device address of the value. Release it with ``aclose()``, ``close()``
     or ``async with``: the page is unregistered and unmapped once every operation enqueued on
-    it has completed, so releasing it never pulls it from under the GPU. A wait that can never
-    be satisfied (its producer is gone) would hold the page forever: ``signal(t.MAX)`` first.
+    it has completed, so releasing it never pulls it from under the GPU. Once released, this
+    object signals nothing: a pending wait must be satisfied by another process or another
+    object opened on the same page. A wait that can never be satisfied (its producer is gone)
+    would hold the page forever: ``signal(t.MAX)`` first.
     """
 
     __slots__ = ("_page",)
@@ -384,8 +387,8 @@ def create_host_timeline(
 
     Raises ``TypeError``/``ValueError`` for bad arguments (``initial`` in [0, 2**63)),
     :class:`~aiocudasem.UnsupportedFeatureError` for a device without 64-bit stream memory
-    operations or mapped host memory, and :class:`~aiocudasem.CudaError` if the driver cannot
-    register the page.
+    operations, mapped host memory or host memory registration, and
+    :class:`~aiocudasem.CudaError` if the driver cannot register the page.
     """
     start = _check_value(initial)
     drv, ordinal = resolve_device(device, driver)
