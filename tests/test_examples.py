@@ -237,3 +237,24 @@ def test_a_killed_producer_process_ends_the_consumer_cleanly(driver: str, backen
     assert "released everything" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_an_interprocess_event_between_two_processes(driver: str, backend: str) -> None:
+    args = ["--driver", driver, "--backend", backend]
+    out = run_example("ipc_event_processes.py", *args, timeout=120).stdout
+    assert out.splitlines()[-1].startswith("all 1000 frames awaited through an interprocess event")
+    assert out.splitlines()[-1].endswith(f"'{driver}' ({backend}), every write visible")
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_killed_interprocess_event_producer_ends_the_consumer(driver: str, backend: str) -> None:
+    start = time.monotonic()
+    args = ["--driver", driver, "--backend", backend, "--kill-producer-after", "300"]
+    proc = run_example("ipc_event_processes.py", *args, timeout=60, ok=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "the producer exited (-9) after frame 300; stopped waiting for it" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert time.monotonic() - start < 30

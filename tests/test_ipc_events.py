@@ -120,7 +120,7 @@ async def _consume(
                     for n in range(1, frames + 1):
                         try:
                             got = int.from_bytes(await _receive_exactly(sock, 8), "little")
-                        except anyio.EndOfStream:
+                        except (anyio.EndOfStream, anyio.BrokenResourceError):
                             break  # the producer went away between two frames
                         assert got == n
                         if n == kill_during:
@@ -131,7 +131,10 @@ async def _consume(
                         if n == kill_after:
                             proc.kill()
                         else:
-                            await sock.send(n.to_bytes(8, "little"))
+                            try:
+                                await sock.send(n.to_bytes(8, "little"))
+                            except anyio.BrokenResourceError:
+                                break  # the producer went away
                     if handed == frames:
                         # A stream of this process waits for the other process's record too.
                         async with acs.open_stream(driver=drv) as stream:
