@@ -18,6 +18,11 @@ from ._errors import UnsupportedHandleTypeError as UnsupportedHandleTypeError
 from ._errors import VulkanError as VulkanError
 from ._errors import VulkanUnavailableError as VulkanUnavailableError
 from ._foreign import wait_event as wait_event
+from ._graphs import add_signal_node as add_signal_node
+from ._graphs import add_wait_node as add_wait_node
+from ._graphs import launch_graph as launch_graph
+from ._graphs import set_signal_node as set_signal_node
+from ._graphs import set_wait_node as set_wait_node
 from ._handles import HandleType as HandleType
 from ._ipc import IpcEvent as IpcEvent
 from ._ipc import IpcEventHandle as IpcEventHandle
@@ -68,11 +73,14 @@ __all__ = (
     "VulkanError",
     "VulkanUnavailableError",
     "Wait",
+    "add_signal_node",
+    "add_wait_node",
     "configure",
     "create_host_timeline",
     "create_ipc_event",
     "get_driver",
     "import_semaphore",
+    "launch_graph",
     "open_host_timeline",
     "open_ipc_event",
     "open_stream",
@@ -81,6 +89,8 @@ __all__ = (
     "receive_semaphore",
     "send_host_timeline",
     "send_semaphore",
+    "set_signal_node",
+    "set_wait_node",
     "wait_event",
     "wait_external_semaphores",
     "wait_stream",

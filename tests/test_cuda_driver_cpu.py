@@ -205,3 +205,40 @@ def test_an_interprocess_handle_travels_whole_with_its_nul_bytes() -> None:
     assert drv.ipc_event_export(0x10) == raw
     assert drv.ipc_event_open(0, raw) == 0xE7
     assert seen == [raw]
+
+
+def test_a_graph_semaphore_node_passes_its_semaphores_values_and_dependencies() -> None:
+    """The node parameters reach the driver as CUDA lays them out: the semaphore array, the
+    parameter array (a fence value first in each entry), the count, and the dependencies."""
+    import ctypes
+
+    import numpy as np
+
+    from aiocudasem._driver._cuda import _ExtSemNodeParams
+
+    seen: dict[str, Any] = {}
+
+    def add(out: Any, graph: int, deps: Any, count: int, params: Any) -> int:
+        p = ctypes.cast(params, ctypes.POINTER(_ExtSemNodeParams)).contents
+        n = p.num_ext_sems
+        sems = ctypes.cast(p.ext_sem_array, ctypes.POINTER(ctypes.c_void_p * n)).contents
+        dtype = real.external_semaphore_wait_params_v1_dtype
+        raw = ctypes.string_at(p.params_array, n * dtype.itemsize)
+        values = np.frombuffer(raw, dtype=dtype)["params"]["fence"]["value"]
+        dep_list = ctypes.cast(deps, ctypes.POINTER(ctypes.c_void_p * count)).contents
+        seen.update(
+            graph=graph,
+            sems=list(sems),
+            values=[int(v) for v in values],
+            deps=list(dep_list),
+        )
+        ctypes.cast(out, ctypes.POINTER(ctypes.c_void_p))[0] = 0x90DE
+        return 0
+
+    drv = _driver(_Bindings(library_fails=False))
+    drv._signal_dtype = real.external_semaphore_signal_params_v1_dtype
+    drv._graph_fns = {"cuGraphAddExternalSemaphoresWaitNode": add}
+    ops = [SemOp(0x51, value=7), SemOp(0x52, value=9)]
+    node = drv.graph_add_semaphore_node(0x6A, [0x70, 0x71], ops, signal=False)
+    assert node == 0x90DE
+    assert seen == {"graph": 0x6A, "sems": [0x51, 0x52], "values": [7, 9], "deps": [0x70, 0x71]}

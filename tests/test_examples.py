@@ -258,3 +258,12 @@ def test_a_killed_interprocess_event_producer_ends_the_consumer(driver: str, bac
     assert "the producer exited (-9) after frame 300; stopped waiting for it" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_graph_handoff(driver: str, backend: str) -> None:
+    args = ["--driver", driver, "--backend", backend, "--frames", "300"]
+    out = run_example("graph_handoff.py", *args, timeout=120).stdout
+    assert out.splitlines()[-1].startswith("300 launches of one graph in ")
+    assert out.splitlines()[-1].endswith(f"on driver '{driver}'")

@@ -69,10 +69,11 @@ class SemOp:
 @runtime_checkable
 class Driver(Protocol):
     """The operations the library needs from a device: devices and their health, streams,
-    events (interprocess ones too), external semaphores, host functions and 64-bit words of
-    mapped host memory. All calls are synchronous and cheap (they enqueue, query or create).
-    ``stream_synchronize`` and ``event_synchronize`` block, and so may ``destroy_semaphore``:
-    on an H200 it waited until no stream was blocked on a semaphore.
+    events (interprocess ones too), external semaphores, host functions, semaphore nodes of
+    graphs and 64-bit words of mapped host memory. All calls are synchronous and cheap (they
+    enqueue, query or create). ``stream_synchronize`` and ``event_synchronize`` block, and so
+    may ``destroy_semaphore``: on an H200 it waited until no stream was blocked on a
+    semaphore.
 
     Work to run on the streams (kernels, pinned memory) is not part of it: the demo, the tests
     and the benchmarks get theirs from ``aiocudasem.testing.workloads()``."""
@@ -174,6 +175,27 @@ class Driver(Protocol):
     def enqueue_semaphore_signals(self, ops: Sequence[SemOp], stream: int) -> None:
         """Enqueue the signals on the stream in one ``cuSignalExternalSemaphoresAsync``
         call."""
+        ...
+
+    # graphs
+    def graph_add_semaphore_node(
+        self, graph: int, dependencies: Sequence[int], ops: Sequence[SemOp], signal: bool
+    ) -> int:
+        """Add an external semaphore wait node (``signal`` False) or signal node to the graph
+        (a ``CUgraph``), after the nodes ``dependencies``; return the new node's handle
+        (``cuGraphAddExternalSemaphoresWaitNode`` / ``SignalNode``)."""
+        ...
+
+    def graph_exec_set_semaphore_node(
+        self, graph_exec: int, node: int, ops: Sequence[SemOp], signal: bool
+    ) -> None:
+        """Set the parameters of a semaphore node in an executable graph (a
+        ``CUgraphExec``), for its later launches (``cuGraphExecExternalSemaphoresWaitNode
+        SetParams`` / ``Signal``); the number of semaphores stays the node's."""
+        ...
+
+    def graph_launch(self, graph_exec: int, stream: int) -> None:
+        """Launch the executable graph on the stream (``cuGraphLaunch``)."""
         ...
 
     # interprocess events

@@ -63,6 +63,31 @@ class _IpcEventHandle(ctypes.Structure):
     _fields_ = (("reserved", ctypes.c_char * _IPC_HANDLE_SIZE),)
 
 
+class _ExtSemNodeParams(ctypes.Structure):
+    """``CUDA_EXT_SEM_WAIT_NODE_PARAMS`` / ``CUDA_EXT_SEM_SIGNAL_NODE_PARAMS`` (the same
+    layout): the semaphores, their parameters, and how many."""
+
+    _fields_ = (
+        ("ext_sem_array", ctypes.c_void_p),
+        ("params_array", ctypes.c_void_p),
+        ("num_ext_sems", ctypes.c_uint),
+    )
+
+
+# The graph calls take the node parameters by pointer; they are called through ctypes, at the
+# driver's addresses, as the interprocess-event calls are.
+_GRAPH_ADD_T = ctypes.CFUNCTYPE(
+    ctypes.c_int,
+    ctypes.POINTER(ctypes.c_void_p),
+    ctypes.c_void_p,
+    ctypes.POINTER(ctypes.c_void_p),
+    ctypes.c_size_t,
+    ctypes.POINTER(_ExtSemNodeParams),
+)
+_GRAPH_EXEC_SET_T = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(_ExtSemNodeParams)
+)
+
 # The interprocess event calls take and return the handle struct, by pointer and by value;
 # they are called through ctypes at the driver's addresses, as the host-memory calls are.
 _IPC_GET_T = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_IpcEventHandle), ctypes.c_void_p)
@@ -157,6 +182,7 @@ class CudaDriver:
         self._first_wait_hooks: list[Callable[[int], object]] = []
         self._host_calls: tuple[Any, Any] | None = None  # cuMemHostRegister, cuMemHostUnregister
         self._ipc_calls: tuple[Any, Any] | None = None  # cuIpcGetEventHandle, cuIpcOpenEventHandle
+        self._graph_fns: dict[str, Any] | None = None  # the graph calls, by name
         self._host_words: dict[int, bool] = {}  # ordinal -> whether it can have host timelines
         self._registered: dict[int, int] = {}  # registered host address -> ordinal
         self._wait_dtype = d.external_semaphore_wait_params_v1_dtype
@@ -167,7 +193,7 @@ class CudaDriver:
         # A forked child cannot use the parent's CUDA state: refuse every call clearly, the C
         # functions too (a coroutine may hold one from before the fork).
         self._d = self._c = _Forked()
-        self._host_calls = self._ipc_calls = None  # found again through self._d, which refuses
+        self._host_calls = self._ipc_calls = self._graph_fns = None  # self._d refuses them
         for name in _FAST_METHODS:
             vars(self).pop(name, None)  # back to the methods, which call self._c
         _cucalls.unbind(_refuse_forked)
@@ -425,16 +451,22 @@ class CudaDriver:
     def destroy_semaphore(self, sem: int) -> None:
         self._call("cuDestroyExternalSemaphore", self._d.destroy_external_semaphore, sem)
 
-    def enqueue_semaphore_waits(self, ops: Sequence[SemOp], stream: int) -> None:
-        if not self._hooks_done:
-            self._first_wait(stream)
-        params = np.zeros(len(ops), dtype=self._wait_dtype)
+    def _semaphore_params(self, ops: Sequence[SemOp], signal: bool) -> Any:
+        """The ops as an array of ``CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS`` (or ``_SIGNAL_``)."""
+        params = np.zeros(len(ops), dtype=self._signal_dtype if signal else self._wait_dtype)
         p = params["params"]
         p["fence"]["value"] = [op.value for op in ops]
         p["nv_sci_sync"]["fence"] = [op.nvsci_fence for op in ops]
         p["keyed_mutex"]["key"] = [op.key for op in ops]
-        p["keyed_mutex"]["timeout_ms"] = [op.timeout_ms for op in ops]
+        if not signal:
+            p["keyed_mutex"]["timeout_ms"] = [op.timeout_ms for op in ops]
         params["flags_"] = [op.flags for op in ops]
+        return params
+
+    def enqueue_semaphore_waits(self, ops: Sequence[SemOp], stream: int) -> None:
+        if not self._hooks_done:
+            self._first_wait(stream)
+        params = self._semaphore_params(ops, signal=False)
         self._call(
             "cuWaitExternalSemaphoresAsync",
             self._d.wait_external_semaphores_async,
@@ -445,12 +477,7 @@ class CudaDriver:
         )
 
     def enqueue_semaphore_signals(self, ops: Sequence[SemOp], stream: int) -> None:
-        params = np.zeros(len(ops), dtype=self._signal_dtype)
-        p = params["params"]
-        p["fence"]["value"] = [op.value for op in ops]
-        p["nv_sci_sync"]["fence"] = [op.nvsci_fence for op in ops]
-        p["keyed_mutex"]["key"] = [op.key for op in ops]
-        params["flags_"] = [op.flags for op in ops]
+        params = self._semaphore_params(ops, signal=True)
         self._call(
             "cuSignalExternalSemaphoresAsync",
             self._d.signal_external_semaphores_async,
@@ -459,6 +486,59 @@ class CudaDriver:
             len(ops),
             stream,
         )
+
+    # ------------------------------------------------------------------ graphs
+
+    def _graph_calls(self) -> dict[str, Any]:
+        calls = self._graph_fns
+        if calls is None:
+            calls = self._graph_fns = {
+                name: self._ctypes_call(name, proto)
+                for name, proto in (
+                    ("cuGraphAddExternalSemaphoresWaitNode", _GRAPH_ADD_T),
+                    ("cuGraphAddExternalSemaphoresSignalNode", _GRAPH_ADD_T),
+                    ("cuGraphExecExternalSemaphoresWaitNodeSetParams", _GRAPH_EXEC_SET_T),
+                    ("cuGraphExecExternalSemaphoresSignalNodeSetParams", _GRAPH_EXEC_SET_T),
+                )
+            }
+        return calls
+
+    def graph_add_semaphore_node(
+        self, graph: int, dependencies: Sequence[int], ops: Sequence[SemOp], signal: bool
+    ) -> int:
+        kind = "Signal" if signal else "Wait"
+        name = f"cuGraphAddExternalSemaphores{kind}Node"
+        add = self._graph_calls()[name]
+        params = self._semaphore_params(ops, signal)
+        sems = (ctypes.c_void_p * len(ops))(*[op.sem for op in ops])
+        deps = (ctypes.c_void_p * max(1, len(dependencies)))(*dependencies)
+        node_params = _ExtSemNodeParams(ctypes.addressof(sems), params.ctypes.data, len(ops))
+        node = ctypes.c_void_p()
+        status = int(
+            add(ctypes.byref(node), graph, deps, len(dependencies), ctypes.byref(node_params))
+        )
+        if status:
+            self._fail_status(status, name)
+        return int(node.value or 0)
+
+    def graph_exec_set_semaphore_node(
+        self, graph_exec: int, node: int, ops: Sequence[SemOp], signal: bool
+    ) -> None:
+        kind = "Signal" if signal else "Wait"
+        name = f"cuGraphExecExternalSemaphores{kind}NodeSetParams"
+        set_params = self._graph_calls()[name]
+        params = self._semaphore_params(ops, signal)
+        sems = (ctypes.c_void_p * len(ops))(*[op.sem for op in ops])
+        node_params = _ExtSemNodeParams(ctypes.addressof(sems), params.ctypes.data, len(ops))
+        status = int(set_params(graph_exec, node, ctypes.byref(node_params)))
+        if status:
+            self._fail_status(status, name)
+
+    def graph_launch(self, graph_exec: int, stream: int) -> None:
+        # A graph's semaphore waits block the stream as enqueued ones do: the same hooks.
+        if not self._hooks_done:
+            self._first_wait(stream)
+        self._call("cuGraphLaunch", self._d.graph_launch, graph_exec, stream)
 
     # ------------------------------------------------------------------ interprocess events
 

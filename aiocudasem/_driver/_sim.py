@@ -175,6 +175,29 @@ class _Event:
         self.ipc = ipc  # an interprocess event's shared state
 
 
+class _Node:
+    """A node of a simulated graph: a kernel (a Python callable) or a batch of semaphore waits
+    or signals."""
+
+    __slots__ = ("fn", "handle", "kind", "ops")
+
+    def __init__(
+        self,
+        kind: str,
+        *,
+        fn: Callable[[], None] | None = None,
+        ops: list[SemOp] | None = None,
+        handle: int = 0,
+    ) -> None:
+        self.kind = kind
+        self.fn = fn
+        self.ops = ops or []
+        self.handle = handle
+
+    def copy(self) -> _Node:
+        return _Node(self.kind, fn=self.fn, ops=list(self.ops), handle=self.handle)
+
+
 class _IpcPage:
     """The state of a simulated interprocess event, in a page of shared memory that every
     process that opened the event maps: how many records were made (in any process), and the
@@ -353,6 +376,8 @@ class SimDriver:
         # Registered host memory: address -> (device, size). The device address is the host
         # address, as on a GPU that can use the host pointer for registered memory.
         self._words: dict[int, tuple[int, int]] = {}
+        self._graphs: dict[int, list[_Node]] = {}  # graph -> its nodes, in the order added
+        self._execs: dict[int, dict[int, _Node]] = {}  # executable graph -> node -> its copy
         self.name = name
         self._devices = devices
         self._lock = threading.Lock()
@@ -433,13 +458,18 @@ class SimDriver:
         if not callable(fn):
             raise TypeError(f"fn must be a callable, not {type(fn).__name__}")
 
+        with self._lock:
+            s = self._stream(stream, "cuLaunchKernel")
+            self._push(s, self._kernel(s, fn))
+
+    def _kernel(self, s: _Stream, fn: Callable[[], None]) -> Callable[[], None]:
         def kernel() -> None:
             try:
                 fn()
             except BaseException:
-                self.inject_fault(self._streams[stream].device, _LAUNCH_FAILED)
+                self.inject_fault(s.device, _LAUNCH_FAILED)
 
-        self._enqueue(stream, kernel, "cuLaunchKernel")
+        return kernel
 
     # ------------------------------------------------------------------ helpers
 
@@ -456,11 +486,6 @@ class SimDriver:
             raise _error(_INVALID_HANDLE, what)
         self._check_device(s.device, what)
         return s
-
-    def _enqueue(self, stream: int, op: Callable[[], None], what: str) -> None:
-        with self._lock:
-            s = self._stream(stream, what)
-            self._push(s, op)
 
     def _push(self, s: _Stream, op: Callable[[], None]) -> None:
         # Called with the lock held.
@@ -822,36 +847,155 @@ class SimDriver:
     def enqueue_semaphore_waits(self, ops: Sequence[SemOp], stream: int) -> None:
         with self._lock:
             s, resolved = self._sem_ops(ops, stream, "cuWaitExternalSemaphoresAsync")
+            self._push(s, self._waits(s, resolved))
 
-            def wait_all() -> None:
+    def _waits(self, s: _Stream, resolved: list[tuple[_Semaphore, SemOp]]) -> Callable[[], None]:
+        def wait_all() -> None:
+            with self._lock:
+                self._blocked[s.device] = self._blocked.get(s.device, 0) + 1
+            try:
+                for sem, op in resolved:
+                    if sem.binary:
+                        # One wait per signal: test and consume in one critical section.
+                        self._block_until(s.device, _signalled(sem), _consumer(sem))
+                    else:
+                        self._block_until(s.device, _reached(sem, op.value))
+            finally:
                 with self._lock:
-                    self._blocked[s.device] = self._blocked.get(s.device, 0) + 1
-                try:
-                    for sem, op in resolved:
-                        if sem.binary:
-                            # One wait per signal: test and consume in one critical section.
-                            self._block_until(s.device, _signalled(sem), _consumer(sem))
-                        else:
-                            self._block_until(s.device, _reached(sem, op.value))
-                finally:
-                    with self._lock:
-                        self._blocked[s.device] -= 1
-                        self._deps.notify_all()
+                    self._blocked[s.device] -= 1
+                    self._deps.notify_all()
 
-            self._push(s, wait_all)
+        return wait_all
 
     def enqueue_semaphore_signals(self, ops: Sequence[SemOp], stream: int) -> None:
         with self._lock:
             s, resolved = self._sem_ops(ops, stream, "cuSignalExternalSemaphoresAsync")
+            self._push(s, self._signals(resolved))
 
-            def signal_all() -> None:
-                with self._lock:
-                    for sem, op in resolved:
-                        if not sem.stuck:
-                            sem.value = 1 if sem.binary else op.value
-                    self._deps.notify_all()
+    def _signals(self, resolved: list[tuple[_Semaphore, SemOp]]) -> Callable[[], None]:
+        def signal_all() -> None:
+            with self._lock:
+                for sem, op in resolved:
+                    if not sem.stuck:
+                        sem.value = 1 if sem.binary else op.value
+                self._deps.notify_all()
 
-            self._push(s, signal_all)
+        return signal_all
+
+    # ------------------------------------------------------------------ graphs
+
+    def graph_create(self) -> int:
+        """Create an empty graph (``cuGraphCreate``) and return its handle: where a program
+        on the GPU gets one from CUDA (cuda.core, the bindings, stream capture), a test on the
+        simulated device gets one here."""
+        with self._lock:
+            handle = next(self._ids)
+            self._graphs[handle] = []
+            return handle
+
+    def graph_add_kernel(
+        self, graph: int, fn: Callable[[], None], after: Sequence[int] = ()
+    ) -> int:
+        """Add a simulated kernel node that runs ``fn`` (as :meth:`launch` does) after the
+        nodes ``after``; return the node's handle."""
+        if not callable(fn):
+            raise TypeError(f"fn must be a callable, not {type(fn).__name__}")
+        with self._lock:
+            nodes = self._graph(graph, "cuGraphAddKernelNode")
+            self._check_dependencies(nodes, after, "cuGraphAddKernelNode")
+            return self._add_node(nodes, _Node("kernel", fn=fn))
+
+    def graph_instantiate(self, graph: int) -> int:
+        """Instantiate the graph (``cuGraphInstantiate``): an executable copy of its nodes,
+        whose semaphore nodes :meth:`graph_exec_set_semaphore_node` may change."""
+        with self._lock:
+            nodes = self._graph(graph, "cuGraphInstantiate")
+            handle = next(self._ids)
+            self._execs[handle] = {n.handle: n.copy() for n in nodes}
+            return handle
+
+    def _graph(self, graph: int, what: str) -> list[_Node]:
+        nodes = self._graphs.get(graph) if isinstance(graph, int) else None
+        if nodes is None:
+            raise _error(_INVALID_HANDLE, what)
+        return nodes
+
+    def _check_dependencies(self, nodes: list[_Node], after: Sequence[int], what: str) -> None:
+        known = {n.handle for n in nodes}
+        if any(d not in known for d in after):
+            raise _error(_INVALID_VALUE, what)
+
+    def _add_node(self, nodes: list[_Node], node: _Node) -> int:
+        # Called with the lock held. Nodes run in the order they were added, which is an order
+        # that honours every dependency (a node depends only on nodes added before it).
+        node.handle = next(self._ids)
+        nodes.append(node)
+        return node.handle
+
+    def _check_sems(self, ops: Sequence[SemOp], what: str) -> None:
+        if not ops or any(op.sem not in self._sems for op in ops):
+            raise _error(_INVALID_VALUE, what)
+
+    def graph_add_semaphore_node(
+        self, graph: int, dependencies: Sequence[int], ops: Sequence[SemOp], signal: bool
+    ) -> int:
+        what = f"cuGraphAddExternalSemaphores{'Signal' if signal else 'Wait'}Node"
+        with self._lock:
+            nodes = self._graph(graph, what)
+            self._check_dependencies(nodes, dependencies, what)
+            self._check_sems(ops, what)
+            return self._add_node(nodes, _Node("signal" if signal else "wait", ops=list(ops)))
+
+    def graph_exec_set_semaphore_node(
+        self, graph_exec: int, node: int, ops: Sequence[SemOp], signal: bool
+    ) -> None:
+        kind = "signal" if signal else "wait"
+        what = f"cuGraphExecExternalSemaphores{kind.title()}NodeSetParams"
+        with self._lock:
+            nodes = self._execs.get(graph_exec) if isinstance(graph_exec, int) else None
+            if nodes is None:
+                raise _error(_INVALID_HANDLE, what)
+            target = nodes.get(node)
+            if target is None or target.kind != kind or len(target.ops) != len(ops):
+                raise _error(_INVALID_VALUE, what)  # another node, or another count
+            self._check_sems(ops, what)
+            target.ops = list(ops)
+
+    def graph_launch(self, graph_exec: int, stream: int) -> None:
+        with self._lock:
+            nodes = self._execs.get(graph_exec) if isinstance(graph_exec, int) else None
+            if nodes is None:
+                raise _error(_INVALID_HANDLE, "cuGraphLaunch")
+            s = self._stream(stream, "cuGraphLaunch")
+            # The parameters of this launch are those set before it.
+            steps: list[Callable[[], None]] = []
+            for node in nodes.values():
+                if node.kind == "kernel":
+                    assert node.fn is not None
+                    steps.append(self._kernel(s, node.fn))
+                    continue
+                for op in node.ops:
+                    if self._sem_devices.get(op.sem) != s.device:
+                        raise _error(_INVALID_HANDLE, "cuGraphLaunch")
+                resolved = [(self._sems[op.sem], op) for op in node.ops]
+                steps.append(
+                    self._signals(resolved) if node.kind == "signal" else self._waits(s, resolved)
+                )
+            for step in steps:
+                self._push(s, step)
+
+    def graph_destroy(self, graph: int) -> None:
+        """Destroy a graph (``cuGraphDestroy``); its executable copies go on."""
+        with self._lock:
+            if self._graphs.pop(graph, None) is None:
+                raise _error(_INVALID_HANDLE, "cuGraphDestroy")
+
+    def graph_exec_destroy(self, graph_exec: int) -> None:
+        """Destroy an executable graph (``cuGraphExecDestroy``); launches already enqueued
+        still run."""
+        with self._lock:
+            if self._execs.pop(graph_exec, None) is None:
+                raise _error(_INVALID_HANDLE, "cuGraphExecDestroy")
 
     # ------------------------------------------------------------------ host memory words
 

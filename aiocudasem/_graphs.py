@@ -1,0 +1,140 @@
+"""External semaphores in CUDA graphs: wait and signal nodes, their values per launch, and an
+awaitable launch.
+
+A graph is CUDA's (``CUgraph``) and so is its executable form (``CUgraphExec``): make them with
+cuda.core, the bindings or stream capture, and pass them here as raw handles or as objects that
+carry one (``.handle``). cuda.core's graph builders have no semaphore node type; these
+functions add one to the graph underneath. Each node takes the same :class:`Wait` and
+:class:`Signal` entries as a stream, checked the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ._driver import Driver
+from ._errors import DeviceMismatchError
+from ._semaphore import ExternalSemaphore, Signal, Wait, driver_label, entry_list
+from ._stream import Stream
+
+__all__ = ("add_signal_node", "add_wait_node", "launch_graph", "set_signal_node", "set_wait_node")
+
+_U64 = 1 << 64
+
+
+def _handle(obj: object, what: str) -> int:
+    """A raw ``CUgraph``/``CUgraphExec``/``CUgraphNode`` handle from an int, or from an object
+    with ``.handle`` (cuda.core) or ``__int__`` (cuda-bindings' handle types)."""
+    raw = getattr(obj, "handle", obj)
+    if isinstance(raw, bool):
+        raise TypeError(f"{what} must be a handle (an int), not bool")
+    if not isinstance(raw, int):
+        try:
+            raw = int(raw)  # type: ignore[call-overload]
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"{what} must be a handle (an int) or an object with .handle, not "
+                f"{type(obj).__name__}"
+            ) from None
+    if not 0 < raw < _U64:
+        raise ValueError(f"{what} is {raw}: a handle is a non-null pointer in (0, 2**64)")
+    return raw
+
+
+def _driver(entries: tuple[Wait, ...] | tuple[Signal, ...]) -> Driver:
+    """The one driver of the entries' semaphores: external semaphores only."""
+    first = entries[0].semaphore
+    for e in entries:
+        sem = e.semaphore
+        if not isinstance(sem, ExternalSemaphore):
+            raise TypeError(
+                "graph nodes take external semaphores; a host timeline cannot be a graph node "
+                "yet: enqueue it on a stream instead"
+            )
+        sem.handle  # noqa: B018 - a semaphore closed since its entry was made raises here
+        if sem.driver is not first.driver:
+            raise DeviceMismatchError(
+                f"{sem!r} belongs to {driver_label(sem.driver, first.driver)}, another entry to "
+                f"{driver_label(first.driver, sem.driver)}: one node takes one driver's "
+                "semaphores"
+            )
+    return first.driver
+
+
+def _dependencies(after: Sequence[object]) -> list[int]:
+    if isinstance(after, (str, bytes)) or not isinstance(after, Sequence):
+        raise TypeError("after must be a sequence of graph nodes")
+    return [_handle(node, "a node in after") for node in after]
+
+
+def add_wait_node(
+    graph: object, waits: Wait | Sequence[Wait], *, after: Sequence[object] = ()
+) -> int:
+    """Add a node to ``graph`` that waits on external semaphores, like
+    :meth:`Stream.enqueue_wait` (``cuGraphAddExternalSemaphoresWaitNode``), after the nodes in
+    ``after``. Returns the node's handle, for ``after`` of later nodes and for
+    :func:`set_wait_node`.
+
+    ``waits`` is one :class:`Wait` or a list or tuple of them, checked as for a stream.
+    Raises ``TypeError`` for a host timeline's entry (not a graph node yet), a bad handle or
+    entry, :class:`DeviceMismatchError` for semaphores of two drivers, and
+    :class:`CudaError` if the driver refuses (a destroyed graph, an unknown node in
+    ``after``)."""
+    entries = entry_list("add_wait_node() waits", (waits,), Wait)
+    drv = _driver(entries)
+    return drv.graph_add_semaphore_node(
+        _handle(graph, "graph"), _dependencies(after), [w._op() for w in entries], False
+    )
+
+
+def add_signal_node(
+    graph: object, signals: Signal | Sequence[Signal], *, after: Sequence[object] = ()
+) -> int:
+    """Add a node to ``graph`` that signals external semaphores, like
+    :meth:`Stream.enqueue_signal` (``cuGraphAddExternalSemaphoresSignalNode``), after the
+    nodes in ``after``; returns the node's handle. Raises as :func:`add_wait_node` does."""
+    entries = entry_list("add_signal_node() signals", (signals,), Signal)
+    drv = _driver(entries)
+    return drv.graph_add_semaphore_node(
+        _handle(graph, "graph"), _dependencies(after), [s._op() for s in entries], True
+    )
+
+
+def set_wait_node(graph_exec: object, node: object, waits: Wait | Sequence[Wait]) -> None:
+    """Give a wait node of an executable graph new entries (new timeline values, typically)
+    for its later launches (``cuGraphExecExternalSemaphoresWaitNodeSetParams``). A launch
+    already enqueued keeps the values it was launched with. The node keeps its number of
+    semaphores. Raises as :func:`add_wait_node` does, and :class:`CudaError` for a node that
+    is not a wait node of that graph or a different number of entries."""
+    entries = entry_list("set_wait_node() waits", (waits,), Wait)
+    drv = _driver(entries)
+    drv.graph_exec_set_semaphore_node(
+        _handle(graph_exec, "graph_exec"), _handle(node, "node"), [w._op() for w in entries], False
+    )
+
+
+def set_signal_node(graph_exec: object, node: object, signals: Signal | Sequence[Signal]) -> None:
+    """Give a signal node of an executable graph new entries for its later launches
+    (``cuGraphExecExternalSemaphoresSignalNodeSetParams``). Raises as :func:`set_wait_node`
+    does."""
+    entries = entry_list("set_signal_node() signals", (signals,), Signal)
+    drv = _driver(entries)
+    drv.graph_exec_set_semaphore_node(
+        _handle(graph_exec, "graph_exec"), _handle(node, "node"), [s._op() for s in entries], True
+    )
+
+
+async def launch_graph(graph_exec: object, stream: Stream) -> None:
+    """Launch the executable graph on ``stream`` (``cuGraphLaunch``) and wait until the launch,
+    and everything enqueued on the stream before it, has completed, as
+    :meth:`Stream.wait_complete` does. A checkpoint; cancelling abandons the wait only: the
+    launch runs. Raises ``TypeError`` for a bad handle or a stream that is not a
+    :class:`Stream`, ``anyio.ClosedResourceError`` for a closed stream, and
+    :class:`CudaError` if the driver refuses the launch."""
+    if not isinstance(stream, Stream):
+        raise TypeError(
+            f"launch_graph() takes an aiocudasem.Stream, not {type(stream).__name__}: adopt a "
+            "foreign stream with aiocudasem.Stream.adopt()"
+        )
+    stream.driver.graph_launch(_handle(graph_exec, "graph_exec"), stream.handle)
+    await stream.wait_complete()
