@@ -10,6 +10,7 @@ functions add one to the graph underneath. Each node takes the same :class:`Wait
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 from ._driver import Driver
@@ -29,6 +30,17 @@ def _handle(obj: object, what: str) -> int:
     if isinstance(raw, bool):
         raise TypeError(f"{what} must be a handle (an int), not bool")
     if not isinstance(raw, int):
+        # Only a handle type's __int__ (cuda-bindings' CUgraph...): int() would also parse a
+        # str or bytes and truncate a float into some address.
+        if (
+            isinstance(raw, (str, bytes, bytearray))
+            or not hasattr(type(raw), "__int__")
+            or (isinstance(raw, numbers.Number) and not isinstance(raw, numbers.Integral))
+        ):
+            raise TypeError(
+                f"{what} must be a handle (an int) or an object with .handle, not "
+                f"{type(obj).__name__}"
+            )
         try:
             raw = int(raw)  # type: ignore[call-overload]
         except (TypeError, ValueError):

@@ -45,6 +45,8 @@ async def main(driver_name: str | None, frames: int) -> None:
     frame = [0]  # the producer's "buffer": the number of the frame in it
     checked: list[int] = []
     async with contextlib.AsyncExitStack() as stack:
+        ready_p: Any  # the producer's side: a simulated or a Vulkan timeline semaphore
+        done_p: Any
         if isinstance(driver, SimDriver):
             ready_p, done_p = driver.create_semaphore(), driver.create_semaphore()
         else:

@@ -232,12 +232,21 @@ def test_a_graph_semaphore_node_passes_its_semaphores_values_and_dependencies() 
             values=[int(v) for v in values],
             deps=list(dep_list),
         )
-        ctypes.cast(out, ctypes.POINTER(ctypes.c_void_p))[0] = 0x90DE
+        out[0] = 0x90DE
         return 0
 
     drv = _driver(_Bindings(library_fails=False))
     drv._signal_dtype = real.external_semaphore_signal_params_v1_dtype
-    drv._graph_fns = {"cuGraphAddExternalSemaphoresWaitNode": add}
+    # Through the real prototype, as the driver's address would be called.
+    from aiocudasem._driver._cuda import _GRAPH_ADD_T
+
+    drv._graph_fns = {"cuGraphAddExternalSemaphoresWaitNode": _GRAPH_ADD_T(add)}
+    # The struct is CUDA's, not only the one this test reads back with.
+    layout = real.ext_sem_wait_node_params_v1_dtype
+    assert ctypes.sizeof(_ExtSemNodeParams) == layout.itemsize
+    assert [getattr(_ExtSemNodeParams, f).offset for f, _ in _ExtSemNodeParams._fields_] == [
+        layout.fields[f][1] for f in ("ext_sem_array", "params_array", "num_ext_sems")
+    ]
     ops = [SemOp(0x51, value=7), SemOp(0x52, value=9)]
     node = drv.graph_add_semaphore_node(0x6A, [0x70, 0x71], ops, signal=False)
     assert node == 0x90DE

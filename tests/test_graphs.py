@@ -141,3 +141,39 @@ async def test_a_launch_on_a_stream_of_another_device_is_refused(sim: SimDriver)
     async with ready, acs.open_stream(1, driver=sim) as stream:
         with pytest.raises(acs.CudaError):
             await acs.launch_graph(graph_exec, stream)
+
+
+async def test_launches_of_one_executable_graph_are_ordered_across_streams(sim: SimDriver) -> None:
+    """CUDA orders each launch of an executable graph behind its previous launches."""
+    ready, producer = import_sim_semaphore(sim)
+    ran: list[str] = []
+    graph = sim.graph_create()
+    wait = acs.add_wait_node(graph, acs.Wait(ready, 1))
+    sim.graph_add_kernel(graph, lambda: ran.append("k"), after=[wait])
+    graph_exec = sim.graph_instantiate(graph)
+    async with ready, acs.open_stream(driver=sim) as s1, acs.open_stream(driver=sim) as s2:
+        sim.graph_launch(graph_exec, s1.handle)  # blocked on ready >= 1
+        acs.set_wait_node(graph_exec, wait, acs.Wait(ready, 0))
+        sim.graph_launch(graph_exec, s2.handle)
+        await anyio.sleep(0.05)
+        assert ran == [] and not s2.query()
+        producer.signal(1)
+        with anyio.fail_after(10):
+            await s2.wait_complete()
+        assert ran == ["k", "k"]
+
+
+@pytest.mark.parametrize("bad", [3.0, "4096", b"1", np.float64(4096.0)])
+async def test_a_handle_is_not_parsed_from_a_str_or_truncated_from_a_float(
+    sim: SimDriver, bad: object
+) -> None:
+    ready, _ = import_sim_semaphore(sim)
+    graph = sim.graph_create()
+    node = acs.add_wait_node(graph, acs.Wait(ready, 1))
+    async with ready:
+        with pytest.raises(TypeError, match="handle"):
+            acs.add_wait_node(bad, acs.Wait(ready, 1))
+        with pytest.raises(TypeError, match="handle"):
+            acs.add_wait_node(graph, acs.Wait(ready, 1), after=[bad])
+        with pytest.raises(acs.CudaError):  # CUDA: no duplicate dependencies
+            acs.add_wait_node(graph, acs.Wait(ready, 1), after=[node, node])

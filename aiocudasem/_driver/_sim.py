@@ -378,6 +378,9 @@ class SimDriver:
         self._words: dict[int, tuple[int, int]] = {}
         self._graphs: dict[int, list[_Node]] = {}  # graph -> its nodes, in the order added
         self._execs: dict[int, dict[int, _Node]] = {}  # executable graph -> node -> its copy
+        # Executable graph -> the stream and position of the end of its latest launch: CUDA
+        # orders each launch of an executable graph behind its previous launches.
+        self._exec_last: dict[int, tuple[_Stream, int]] = {}
         self.name = name
         self._devices = devices
         self._lock = threading.Lock()
@@ -922,7 +925,7 @@ class SimDriver:
 
     def _check_dependencies(self, nodes: list[_Node], after: Sequence[int], what: str) -> None:
         known = {n.handle for n in nodes}
-        if any(d not in known for d in after):
+        if any(d not in known for d in after) or len(set(after)) != len(after):
             raise _error(_INVALID_VALUE, what)
 
     def _add_node(self, nodes: list[_Node], node: _Node) -> int:
@@ -981,8 +984,13 @@ class SimDriver:
                 steps.append(
                     self._signals(resolved) if node.kind == "signal" else self._waits(s, resolved)
                 )
+            last = self._exec_last.get(graph_exec)
+            if last is not None and last[0] is not s:
+                src, seq = last
+                steps.insert(0, lambda: self._wait_seq(s.device, src, seq))
             for step in steps:
                 self._push(s, step)
+            self._exec_last[graph_exec] = (s, s.submitted)
 
     def graph_destroy(self, graph: int) -> None:
         """Destroy a graph (``cuGraphDestroy``); its executable copies go on."""
@@ -996,6 +1004,7 @@ class SimDriver:
         with self._lock:
             if self._execs.pop(graph_exec, None) is None:
                 raise _error(_INVALID_HANDLE, "cuGraphExecDestroy")
+            self._exec_last.pop(graph_exec, None)
 
     # ------------------------------------------------------------------ host memory words
 
