@@ -200,7 +200,7 @@ def test_an_interprocess_handle_travels_whole_with_its_nul_bytes() -> None:
         return 0
 
     drv = _driver(_Bindings(library_fails=False))
-    drv._ipc_calls = (get, open_)
+    drv._ctypes_fns = {"cuIpcGetEventHandle": get, "cuIpcOpenEventHandle": open_}
     drv._check_ipc_events = lambda ordinal: None  # type: ignore[method-assign]
     assert drv.ipc_event_export(0x10) == raw
     assert drv.ipc_event_open(0, raw) == 0xE7
@@ -240,7 +240,7 @@ def test_a_graph_semaphore_node_passes_its_semaphores_values_and_dependencies() 
     # Through the real prototype, as the driver's address would be called.
     from aiocudasem._driver._cuda import _GRAPH_ADD_T
 
-    drv._graph_fns = {"cuGraphAddExternalSemaphoresWaitNode": _GRAPH_ADD_T(add)}
+    drv._ctypes_fns = {"cuGraphAddExternalSemaphoresWaitNode": _GRAPH_ADD_T(add)}
     # The struct is CUDA's, not only the one this test reads back with.
     layout = real.ext_sem_wait_node_params_v1_dtype
     assert ctypes.sizeof(_ExtSemNodeParams) == layout.itemsize

@@ -180,10 +180,9 @@ class CudaDriver:
         self._waited: dict[int, threading.Event] = {}
         self._hooks_done = False  # every device has had its first wait, and its hooks ran
         self._first_wait_hooks: list[Callable[[int], object]] = []
-        self._host_calls: tuple[Any, Any] | None = None  # cuMemHostRegister, cuMemHostUnregister
-        self._ipc_calls: tuple[Any, Any] | None = None  # cuIpcGetEventHandle, cuIpcOpenEventHandle
-        self._graph_fns: dict[str, Any] | None = None  # the graph calls, by name
-        self._host_words: dict[int, bool] = {}  # ordinal -> whether it can have host timelines
+        # The driver functions called through ctypes, by name, found on first use.
+        self._ctypes_fns: dict[str, Any] = {}
+        self._attributes: dict[tuple[int, str], int] = {}  # (ordinal, attribute) -> its value
         self._registered: dict[int, int] = {}  # registered host address -> ordinal
         self._wait_dtype = d.external_semaphore_wait_params_v1_dtype
         self._signal_dtype = d.external_semaphore_signal_params_v1_dtype
@@ -193,7 +192,7 @@ class CudaDriver:
         # A forked child cannot use the parent's CUDA state: refuse every call clearly, the C
         # functions too (a coroutine may hold one from before the fork).
         self._d = self._c = _Forked()
-        self._host_calls = self._ipc_calls = self._graph_fns = None  # self._d refuses them
+        self._ctypes_fns = {}  # found again through self._d, which refuses
         for name in _FAST_METHODS:
             vars(self).pop(name, None)  # back to the methods, which call self._c
         _cucalls.unbind(_refuse_forked)
@@ -489,30 +488,23 @@ class CudaDriver:
 
     # ------------------------------------------------------------------ graphs
 
-    def _graph_calls(self) -> dict[str, Any]:
-        calls = self._graph_fns
-        if calls is None:
-            calls = self._graph_fns = {
-                name: self._ctypes_call(name, proto)
-                for name, proto in (
-                    ("cuGraphAddExternalSemaphoresWaitNode", _GRAPH_ADD_T),
-                    ("cuGraphAddExternalSemaphoresSignalNode", _GRAPH_ADD_T),
-                    ("cuGraphExecExternalSemaphoresWaitNodeSetParams", _GRAPH_EXEC_SET_T),
-                    ("cuGraphExecExternalSemaphoresSignalNodeSetParams", _GRAPH_EXEC_SET_T),
-                )
-            }
-        return calls
+    def _node_params(
+        self, ops: Sequence[SemOp], signal: bool
+    ) -> tuple[_ExtSemNodeParams, tuple[object, object]]:
+        """A semaphore node's parameters, and the arrays they point into: keep those alive
+        until the driver has copied them (during the call)."""
+        params = self._semaphore_params(ops, signal)
+        sems = (ctypes.c_void_p * len(ops))(*[op.sem for op in ops])
+        node = _ExtSemNodeParams(ctypes.addressof(sems), params.ctypes.data, len(ops))
+        return node, (params, sems)
 
     def graph_add_semaphore_node(
         self, graph: int, dependencies: Sequence[int], ops: Sequence[SemOp], signal: bool
     ) -> int:
-        kind = "Signal" if signal else "Wait"
-        name = f"cuGraphAddExternalSemaphores{kind}Node"
-        add = self._graph_calls()[name]
-        params = self._semaphore_params(ops, signal)
-        sems = (ctypes.c_void_p * len(ops))(*[op.sem for op in ops])
+        name = f"cuGraphAddExternalSemaphores{'Signal' if signal else 'Wait'}Node"
+        add = self._ctypes_call(name, _GRAPH_ADD_T)
+        node_params, _arrays = self._node_params(ops, signal)
         deps = (ctypes.c_void_p * max(1, len(dependencies)))(*dependencies)
-        node_params = _ExtSemNodeParams(ctypes.addressof(sems), params.ctypes.data, len(ops))
         node = ctypes.c_void_p()
         status = int(
             add(ctypes.byref(node), graph, deps, len(dependencies), ctypes.byref(node_params))
@@ -524,12 +516,9 @@ class CudaDriver:
     def graph_exec_set_semaphore_node(
         self, graph_exec: int, node: int, ops: Sequence[SemOp], signal: bool
     ) -> None:
-        kind = "Signal" if signal else "Wait"
-        name = f"cuGraphExecExternalSemaphores{kind}NodeSetParams"
-        set_params = self._graph_calls()[name]
-        params = self._semaphore_params(ops, signal)
-        sems = (ctypes.c_void_p * len(ops))(*[op.sem for op in ops])
-        node_params = _ExtSemNodeParams(ctypes.addressof(sems), params.ctypes.data, len(ops))
+        name = f"cuGraphExecExternalSemaphores{'Signal' if signal else 'Wait'}NodeSetParams"
+        set_params = self._ctypes_call(name, _GRAPH_EXEC_SET_T)
+        node_params, _arrays = self._node_params(ops, signal)
         status = int(set_params(graph_exec, node, ctypes.byref(node_params)))
         if status:
             self._fail_status(status, name)
@@ -542,22 +531,8 @@ class CudaDriver:
 
     # ------------------------------------------------------------------ interprocess events
 
-    def _ipc_event_calls(self) -> tuple[Any, Any]:
-        calls = self._ipc_calls
-        if calls is None:
-            calls = self._ipc_calls = (
-                self._ctypes_call("cuIpcGetEventHandle", _IPC_GET_T),
-                self._ctypes_call("cuIpcOpenEventHandle", _IPC_OPEN_T),
-            )
-        return calls
-
     def _check_ipc_events(self, ordinal: int) -> None:
-        d = self._d
-        attr = int(d.DeviceAttribute.IPC_EVENT_SUPPORTED)
-        supported = self._call(
-            "cuDeviceGetAttribute", d.device_get_attribute, attr, self._devices[ordinal]
-        )
-        if not supported:
+        if not self._attribute(ordinal, "IPC_EVENT_SUPPORTED"):
             raise UnsupportedFeatureError(
                 f"device {ordinal} ({self.device_name(ordinal)}) has no interprocess events "
                 "(CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED is 0)"
@@ -570,7 +545,7 @@ class CudaDriver:
         return int(self._call("cuEventCreate", self._d.event_create, flags))
 
     def ipc_event_export(self, event: int) -> bytes:
-        get, _ = self._ipc_event_calls()
+        get = self._ctypes_call("cuIpcGetEventHandle", _IPC_GET_T)
         raw = _IpcEventHandle()
         status = int(get(ctypes.byref(raw), event))
         if status:
@@ -580,7 +555,7 @@ class CudaDriver:
     def ipc_event_open(self, ordinal: int, handle: bytes) -> int:
         self._use(ordinal)
         self._check_ipc_events(ordinal)
-        _, open_ = self._ipc_event_calls()
+        open_ = self._ctypes_call("cuIpcOpenEventHandle", _IPC_OPEN_T)
         if len(handle) != _IPC_HANDLE_SIZE:
             raise CudaError(
                 f"an interprocess event handle has {_IPC_HANDLE_SIZE} bytes, not {len(handle)}",
@@ -598,49 +573,48 @@ class CudaDriver:
     # ------------------------------------------------------------------ host memory words
 
     def _ctypes_call(self, name: str, proto: Any) -> Any:
-        """The driver's ``name`` (at the CUDA 12.0 ABI), as a ctypes function of ``proto``."""
-        pfn, status = self._call(
-            "cuGetProcAddress", self._d.get_proc_address_v2, name.encode(), _FAST_ABI, 0
-        )
-        if not pfn or int(status) != 0:
-            raise UnsupportedFeatureError(
-                f"the CUDA driver does not provide {name} (cuGetProcAddress)"
+        """The driver's ``name`` (at the CUDA 12.0 ABI), as a ctypes function of ``proto``,
+        found once."""
+        fn = self._ctypes_fns.get(name)
+        if fn is None:
+            pfn, status = self._call(
+                "cuGetProcAddress", self._d.get_proc_address_v2, name.encode(), _FAST_ABI, 0
             )
-        return proto(int(pfn))
+            if not pfn or int(status) != 0:
+                raise UnsupportedFeatureError(
+                    f"the CUDA driver does not provide {name} (cuGetProcAddress)"
+                )
+            fn = self._ctypes_fns[name] = proto(int(pfn))
+        return fn
 
-    def _host_register_calls(self) -> tuple[Any, Any]:
-        calls = self._host_calls
-        if calls is None:
-            calls = self._host_calls = (
-                self._ctypes_call("cuMemHostRegister", _HOST_REGISTER_T),
-                self._ctypes_call("cuMemHostUnregister", _HOST_UNREGISTER_T),
+    def _attribute(self, ordinal: int, name: str) -> int:
+        """The device's ``CU_DEVICE_ATTRIBUTE_<name>``, asked once (it does not change). The
+        device's context must be current (``_use``)."""
+        key = (ordinal, name)
+        value = self._attributes.get(key)
+        if value is None:
+            d = self._d
+            number = int(getattr(d.DeviceAttribute, name))
+            value = self._attributes[key] = int(
+                self._call(
+                    "cuDeviceGetAttribute", d.device_get_attribute, number, self._devices[ordinal]
+                )
             )
-        return calls
+        return value
 
     def _check_host_words(self, ordinal: int) -> None:
         """Refuse a device that cannot wait on and write mapped host memory from a stream."""
-        if self._host_words.get(ordinal):
-            return
-        d = self._d
-        dev = self._devices[ordinal]
         for attr, what in _HOST_WORD_ATTRIBUTES:
-            value = self._call(
-                "cuDeviceGetAttribute",
-                d.device_get_attribute,
-                int(getattr(d.DeviceAttribute, attr)),
-                dev,
-            )
-            if not value:
+            if not self._attribute(ordinal, attr):
                 raise UnsupportedFeatureError(
                     f"device {ordinal} ({self.device_name(ordinal)}) has no {what} "
                     f"(CU_DEVICE_ATTRIBUTE_{attr} is 0), which a host timeline needs"
                 )
-        self._host_words[ordinal] = True
 
     def host_register(self, ordinal: int, address: int, size: int) -> int:
         self._use(ordinal)
         self._check_host_words(ordinal)
-        register, _ = self._host_register_calls()
+        register = self._ctypes_call("cuMemHostRegister", _HOST_REGISTER_T)
         status = int(register(address, size, _HOST_REGISTER_PORTABLE | _HOST_REGISTER_DEVICEMAP))
         if status == _NOT_SUPPORTED:
             raise UnsupportedFeatureError(
@@ -668,7 +642,7 @@ class CudaDriver:
         # Called from release threads, which may have no context current: use the one the
         # memory was registered in.
         self._use(self._registered.get(address, 0))
-        _, unregister = self._host_register_calls()
+        unregister = self._ctypes_call("cuMemHostUnregister", _HOST_UNREGISTER_T)
         status = int(unregister(address))
         if status:
             self._fail_status(status, "cuMemHostUnregister")
