@@ -30,24 +30,19 @@ def _handle(obj: object, what: str) -> int:
     if isinstance(raw, bool):
         raise TypeError(f"{what} must be a handle (an int), not bool")
     if not isinstance(raw, int):
-        # Only a handle type's __int__ (cuda-bindings' CUgraph...): int() would also parse a
-        # str or bytes and truncate a float into some address.
-        if (
-            isinstance(raw, (str, bytes, bytearray))
-            or not hasattr(type(raw), "__int__")
-            or (isinstance(raw, numbers.Number) and not isinstance(raw, numbers.Integral))
+        refused = TypeError(
+            f"{what} must be a handle (an int) or an object with .handle, not {type(obj).__name__}"
+        )
+        # Only a handle type's __int__ (cuda-bindings' CUgraph...): str and bytes have none
+        # (int() would parse them), and a float's would truncate it into some address.
+        if not hasattr(type(raw), "__int__") or (
+            isinstance(raw, numbers.Number) and not isinstance(raw, numbers.Integral)
         ):
-            raise TypeError(
-                f"{what} must be a handle (an int) or an object with .handle, not "
-                f"{type(obj).__name__}"
-            )
+            raise refused
         try:
             raw = int(raw)  # type: ignore[call-overload]
         except (TypeError, ValueError):
-            raise TypeError(
-                f"{what} must be a handle (an int) or an object with .handle, not "
-                f"{type(obj).__name__}"
-            ) from None
+            raise refused from None
     if not 0 < raw < _U64:
         raise ValueError(f"{what} is {raw}: a handle is a non-null pointer in (0, 2**64)")
     return raw

@@ -12,14 +12,25 @@ time it looks for parked work, and at interpreter exit.
 from __future__ import annotations
 
 import atexit
+import threading
 import warnings
 from collections import deque
 from collections.abc import Callable
 
+import anyio.to_thread
+
 from . import _log
 from ._errors import AiocudasemError, DeviceFaultError, DriverUnavailableError
 
-__all__ = ("defer", "flush", "pending", "release", "release_quietly")
+__all__ = (
+    "defer",
+    "flush",
+    "in_thread",
+    "in_worker",
+    "pending",
+    "release",
+    "release_quietly",
+)
 
 # (release, what it releases, whether it was leaked: collected while still open)
 _deferred: deque[tuple[Callable[[], None], str, bool]] = deque()
@@ -74,6 +85,37 @@ def release_quietly(destroy: Callable[[], None], what: str) -> None:
     """Release as a finalizer must: a faulted context or a parent's driver after fork() is
     not an error, and other failures become ``RuntimeWarning``."""
     _run(destroy, what, collected=True)
+
+
+def in_thread(destroy: Callable[[], None], what: str) -> None:
+    """Release in a thread of its own, quietly (:func:`release_quietly`), without waiting: for
+    a release that can block on the device (destroying a semaphore, unregistering a page)."""
+    threading.Thread(
+        target=release_quietly,
+        args=(destroy, what),
+        name="aiocudasem-release",
+        daemon=True,
+    ).start()
+
+
+async def in_worker(destroy: Callable[[], None], what: str, abandoned: Callable[[], None]) -> None:
+    """``aclose()``'s release of an object whose release can block on the device: run
+    ``destroy`` in a worker thread and wait for it without blocking the event loop. Exactly
+    one of the worker and the cancellation path releases: if the wait is cancelled before the
+    worker has started, ``abandoned()`` releases instead (without waiting), so nothing
+    leaks."""
+    claim = threading.Lock()
+
+    def run() -> None:
+        if claim.acquire(blocking=False):
+            release(destroy, what, False)
+
+    try:
+        await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
+    except BaseException:
+        if claim.acquire(blocking=False):
+            abandoned()
+        raise
 
 
 def _run(destroy: Callable[[], None], what: str, *, collected: bool) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -13,7 +12,6 @@ from typing import TYPE_CHECKING, Final, TypeVar
 
 import anyio
 import anyio.lowlevel
-import anyio.to_thread
 
 from . import _release
 from ._checks import check_device, check_ordinal, check_uint, resolve_driver
@@ -120,21 +118,11 @@ class ExternalSemaphore(OnDevice):
         if self._finalizer.detach() is None:
             await anyio.lowlevel.checkpoint()
             return
-        # Exactly one of the worker and the cancellation path below destroys it: a wait that
-        # is cancelled before its worker thread starts must not leak the semaphore.
-        claim = threading.Lock()
-        destroy = partial(self._driver.destroy_semaphore, self._handle)
-
-        def in_worker() -> None:
-            if claim.acquire(blocking=False):
-                _release.release(destroy, self._describe(), False)
-
-        try:
-            await anyio.to_thread.run_sync(in_worker, abandon_on_cancel=True)
-        except BaseException:
-            if claim.acquire(blocking=False):
-                _destroy_in_thread(self._driver, self._handle)
-            raise
+        await _release.in_worker(
+            partial(self._driver.destroy_semaphore, self._handle),
+            self._describe(),
+            partial(_destroy_in_thread, self._driver, self._handle),
+        )
 
     # -------------------------------------------------------------- host-side awaits
 
@@ -173,12 +161,7 @@ class ExternalSemaphore(OnDevice):
 
 
 def _destroy_in_thread(driver: Driver, handle: int) -> None:
-    threading.Thread(
-        target=_release.release_quietly,
-        args=(partial(driver.destroy_semaphore, handle), "an ExternalSemaphore"),
-        name="aiocudasem-release",
-        daemon=True,
-    ).start()
+    _release.in_thread(partial(driver.destroy_semaphore, handle), "an ExternalSemaphore")
 
 
 def import_semaphore(

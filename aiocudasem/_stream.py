@@ -158,24 +158,20 @@ class Stream(OnDevice):
     def enqueue_event_wait(self, event: Event | IpcEvent) -> None:
         """Make later work on this stream wait for ``event`` (on the GPU): an :class:`Event`,
         or an :class:`IpcEvent`'s most recent record, in whichever process. Non-blocking."""
-        if not isinstance(event, Event):
+        if isinstance(event, Event):
+            owner = event._stream._driver
+        else:
             from ._ipc import IpcEvent
 
             if not isinstance(event, IpcEvent):
                 raise TypeError(
                     f"expected an aiocudasem.Event or IpcEvent, not {type(event).__name__}"
                 )
-            if event._driver is not self._driver:
-                raise DeviceMismatchError(
-                    f"the event belongs to {driver_label(event._driver, self._driver)}, "
-                    f"the stream to {driver_label(self._driver, event._driver)}"
-                )
-            self._driver.stream_wait_event(self.handle, event.handle)
-            return
-        if event._stream._driver is not self._driver:
+            owner = event._driver
+        if owner is not self._driver:
             raise DeviceMismatchError(
-                f"the event belongs to {driver_label(event._stream._driver, self._driver)}, "
-                f"the stream to {driver_label(self._driver, event._stream._driver)}"
+                f"the event belongs to {driver_label(owner, self._driver)}, "
+                f"the stream to {driver_label(self._driver, owner)}"
             )
         self._driver.stream_wait_event(self.handle, event.handle)
 
@@ -193,13 +189,7 @@ class Stream(OnDevice):
         are the same. Raises ``TypeError`` for another entry, ``ValueError`` for none,
         ``anyio.ClosedResourceError`` for a closed stream or semaphore, and
         :class:`DeviceMismatchError` for a semaphore of another device or driver."""
-        entries = self._entries("enqueue_wait()", waits, Wait)
-        ops, words = split_entries(entries)
-        handle = self.handle
-        if ops:
-            self._driver.enqueue_semaphore_waits(ops, handle)
-        if words:
-            enqueue_words(self._driver, handle, words, write=False)
+        self._enqueue(self._entries("enqueue_wait()", waits, Wait), write=False)
 
     @overload
     def enqueue_signal(self, signals: Sequence[Signal], /) -> None: ...
@@ -211,13 +201,17 @@ class Stream(OnDevice):
         ``cuStreamWriteValue64`` each); they fire when earlier work completes.
         Non-blocking. Takes one :class:`Signal`, several, or one list or tuple of them, and
         raises as :meth:`enqueue_wait` does."""
-        entries = self._entries("enqueue_signal()", signals, Signal)
+        self._enqueue(self._entries("enqueue_signal()", signals, Signal), write=True)
+
+    def _enqueue(self, entries: tuple[Wait, ...] | tuple[Signal, ...], *, write: bool) -> None:
+        """The entries' waits (``write`` False) or signals: those on external semaphores in
+        one driver batch, then those on host timelines, one memory operation each."""
         ops, words = split_entries(entries)
-        handle = self.handle
+        handle, drv = self.handle, self._driver
         if ops:
-            self._driver.enqueue_semaphore_signals(ops, handle)
+            (drv.enqueue_semaphore_signals if write else drv.enqueue_semaphore_waits)(ops, handle)
         if words:
-            enqueue_words(self._driver, handle, words, write=True)
+            enqueue_words(drv, handle, words, write=write)
 
     def _entries(self, where: str, given: tuple[object, ...], kind: type[_E]) -> tuple[_E, ...]:
         entries = entry_list(where, given, kind)

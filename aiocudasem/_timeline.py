@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Final
 
 import anyio
 import anyio.lowlevel
-import anyio.to_thread
 
 from . import _hostword, _release
 from ._checks import check_uint, resolve_device
@@ -75,9 +74,12 @@ class _Page:
         #: stream handle -> an event recorded after this timeline's last operation on it
         self.fences: dict[int, int] = {}
 
-    def unmap(self) -> None:
+    def close_map(self) -> None:
         self.view = None  # the buffer export must end before the map can close
         self.map.close()
+
+    def unmap(self) -> None:
+        self.close_map()
         os.close(self.fd)
 
 
@@ -120,8 +122,7 @@ class HostTimeline(OnDevice):
         try:
             devptr = driver.host_register(device, page.address, _SIZE)
         except BaseException:
-            page.view = None
-            page.map.close()
+            page.close_map()  # the fd is the caller's until the timeline is made
             raise
         self = object.__new__(cls)
         self._driver = driver
@@ -137,18 +138,19 @@ class HostTimeline(OnDevice):
         _release_in_thread(self._driver, self._page)
 
     def __repr__(self) -> str:
-        if self.closed:
+        try:
+            return f"<HostTimeline device={self._device} value={self.value}>"
+        except anyio.ClosedResourceError:
             return f"<HostTimeline device={self._device} closed>"
-        return f"<HostTimeline device={self._device} value={self._load()}>"
 
     # -------------------------------------------------------------- host side
 
-    def _load(self) -> int:
-        page = self._page
-        with page.lock:
-            if page.closed:
-                return -1
-            return _hostword.load(page.address)
+    def _check_open(self, message: str) -> None:
+        """Raise ``anyio.ClosedResourceError`` with ``message`` once closed. Called with the
+        page's lock held: the release marks the page closed under it, so the page stays
+        mapped until the caller lets go."""
+        if self._page.closed or not self._finalizer.alive:
+            raise anyio.ClosedResourceError(message)
 
     @property
     def value(self) -> int:
@@ -156,8 +158,7 @@ class HostTimeline(OnDevice):
         closed."""
         page = self._page
         with page.lock:
-            if page.closed or not self._finalizer.alive:
-                raise anyio.ClosedResourceError("the host timeline is closed")
+            self._check_open("the host timeline is closed")
             return _hostword.load(page.address)
 
     def signal(self, value: int) -> None:
@@ -176,8 +177,7 @@ class HostTimeline(OnDevice):
         target = _check_value(value)
         page = self._page
         with page.lock:
-            if page.closed or not self._finalizer.alive:
-                raise anyio.ClosedResourceError("signal() of a closed host timeline")
+            self._check_open("signal() of a closed host timeline")
             seen = _hostword.advance(page.address, target)
         if seen > target:
             raise ValueError(
@@ -214,8 +214,7 @@ class HostTimeline(OnDevice):
         child processes. Raises ``anyio.ClosedResourceError`` once closed."""
         page = self._page
         with page.lock:
-            if page.closed or not self._finalizer.alive:
-                raise anyio.ClosedResourceError("export_fd() of a closed host timeline")
+            self._check_open("export_fd() of a closed host timeline")
             return os.dup(page.fd)
 
     # -------------------------------------------------------------- release
@@ -244,19 +243,11 @@ class HostTimeline(OnDevice):
         if self._finalizer.detach() is None:
             await anyio.lowlevel.checkpoint()
             return
-        claim = threading.Lock()  # exactly one of the worker and the cancellation path runs it
-        release = partial(_release_page, self._driver, self._page)
-
-        def in_worker() -> None:
-            if claim.acquire(blocking=False):
-                _release.release(release, self._describe(), False)
-
-        try:
-            await anyio.to_thread.run_sync(in_worker, abandon_on_cancel=True)
-        except BaseException:
-            if claim.acquire(blocking=False):
-                _release_in_thread(self._driver, self._page)
-            raise
+        await _release.in_worker(
+            partial(_release_page, self._driver, self._page),
+            self._describe(),
+            partial(_release_in_thread, self._driver, self._page),
+        )
 
 
 def _check_value(value: object) -> int:
@@ -274,10 +265,7 @@ def enqueue_words(
     for timeline, value in entries:
         page = timeline._page
         with page.lock:
-            if page.closed or not timeline._finalizer.alive:
-                raise anyio.ClosedResourceError(
-                    f"{'Signal' if write else 'Wait'} of a closed host timeline"
-                )
+            timeline._check_open(f"{'Signal' if write else 'Wait'} of a closed host timeline")
             event = _fence_event(driver, timeline._device, page, stream)  # before the op
             call(stream, timeline._handle, value)
             driver.event_record(event, stream)
@@ -338,12 +326,7 @@ def _release_page(driver: Driver, page: _Page) -> None:
 
 
 def _release_in_thread(driver: Driver, page: _Page) -> None:
-    threading.Thread(
-        target=_release.release_quietly,
-        args=(partial(_release_page, driver, page), "an aiocudasem.HostTimeline"),
-        name="aiocudasem-release",
-        daemon=True,
-    ).start()
+    _release.in_thread(partial(_release_page, driver, page), "an aiocudasem.HostTimeline")
 
 
 def _new_fd(initial: int) -> int:

@@ -683,11 +683,9 @@ class SimDriver:
         """Record ``number`` of an interprocess event completes after the one before it, in
         whichever process that was made (seen on an H200: a record made after one whose
         process died never completed). Blocks the recording stream until then."""
+        if not self._wait_ipc(device, page, number - 1):
+            return  # a fault: this device's pending work is gone
         with self._lock:
-            while not page.reached(number - 1):
-                if device in self._faults:
-                    return
-                self._deps.wait(_WORD_POLL_S)
             # Also after the event was destroyed here: the record still completes, for
             # every other process, as CUDA's does.
             _hostword.advance(page.completed, number)
