@@ -23,6 +23,8 @@ from ._graphs import add_wait_node as add_wait_node
 from ._graphs import launch_graph as launch_graph
 from ._graphs import set_signal_node as set_signal_node
 from ._graphs import set_wait_node as set_wait_node
+from ._graphs import signal_nodes as signal_nodes
+from ._graphs import wait_nodes as wait_nodes
 from ._handles import HandleType as HandleType
 from ._ipc import IpcEvent as IpcEvent
 from ._ipc import IpcEventHandle as IpcEventHandle
@@ -91,7 +93,9 @@ __all__ = (
     "send_semaphore",
     "set_signal_node",
     "set_wait_node",
+    "signal_nodes",
     "wait_event",
     "wait_external_semaphores",
+    "wait_nodes",
     "wait_stream",
 )

@@ -5,7 +5,13 @@ A graph is CUDA's (``CUgraph``) and so is its executable form (``CUgraphExec``):
 cuda.core, the bindings or stream capture, and pass them here as raw handles or as objects that
 carry one (``.handle``). cuda.core's graph builders have no semaphore node type; these
 functions add one to the graph underneath. Each node takes the same :class:`Wait` and
-:class:`Signal` entries as a stream, checked the same way.
+:class:`Signal` entries as a stream, checked the same way. A stream capture turns the waits
+and signals enqueued on the capturing stream (hand-off sections included) into the same nodes;
+:func:`wait_nodes` and :func:`signal_nodes` find them.
+
+A node is named by its handle in the graph, so the graph must outlive every
+:func:`set_wait_node`/:func:`set_signal_node` on its executable graph: CUDA refuses the node of
+a destroyed graph.
 """
 
 from __future__ import annotations
@@ -13,14 +19,24 @@ from __future__ import annotations
 import numbers
 from collections.abc import Sequence
 
+from ._checks import resolve_driver
 from ._driver import Driver
-from ._errors import DeviceMismatchError
+from ._errors import CudaError, DeviceMismatchError
 from ._semaphore import ExternalSemaphore, Signal, Wait, driver_label, entry_list
 from ._stream import Stream
 
-__all__ = ("add_signal_node", "add_wait_node", "launch_graph", "set_signal_node", "set_wait_node")
+__all__ = (
+    "add_signal_node",
+    "add_wait_node",
+    "launch_graph",
+    "set_signal_node",
+    "set_wait_node",
+    "signal_nodes",
+    "wait_nodes",
+)
 
 _U64 = 1 << 64
+_INVALID_VALUE = 1  # CUDA_ERROR_INVALID_VALUE
 
 
 def _handle(obj: object, what: str) -> int:
@@ -111,13 +127,39 @@ def set_wait_node(graph_exec: object, node: object, waits: Wait | Sequence[Wait]
     """Give a wait node of an executable graph new entries (new timeline values, typically)
     for its later launches (``cuGraphExecExternalSemaphoresWaitNodeSetParams``). A launch
     already enqueued keeps the values it was launched with. The node keeps its number of
-    semaphores. Raises as :func:`add_wait_node` does, and :class:`CudaError` for a node that
-    is not a wait node of that graph or a different number of entries."""
+    semaphores, and its graph must still exist. Raises as :func:`add_wait_node` does, and
+    :class:`CudaError` for a node that is not a wait node of that graph, a different number
+    of entries, or a graph destroyed already."""
     entries = entry_list("set_wait_node() waits", (waits,), Wait)
+    _set_node(graph_exec, node, entries, signal=False)
+
+
+def _set_node(
+    graph_exec: object,
+    node: object,
+    entries: tuple[Wait, ...] | tuple[Signal, ...],
+    *,
+    signal: bool,
+) -> None:
     drv = _driver(entries)
-    drv.graph_exec_set_semaphore_node(
-        _handle(graph_exec, "graph_exec"), _handle(node, "node"), [w._op() for w in entries], False
-    )
+    try:
+        drv.graph_exec_set_semaphore_node(
+            _handle(graph_exec, "graph_exec"),
+            _handle(node, "node"),
+            [e._op() for e in entries],
+            signal,
+        )
+    except CudaError as exc:
+        if exc.status != _INVALID_VALUE:
+            raise
+        kind = "signal" if signal else "wait"
+        raise CudaError(
+            f"{exc}: the node is not a {kind} node of the graph that graph_exec was instantiated "
+            f"from, it has another number of semaphores than {len(entries)}, or that graph "
+            "was destroyed (keep the graph while you set its executable graph's nodes)",
+            exc.status,
+            exc.name,
+        ) from None
 
 
 def set_signal_node(graph_exec: object, node: object, signals: Signal | Sequence[Signal]) -> None:
@@ -125,10 +167,22 @@ def set_signal_node(graph_exec: object, node: object, signals: Signal | Sequence
     (``cuGraphExecExternalSemaphoresSignalNodeSetParams``). Raises as :func:`set_wait_node`
     does."""
     entries = entry_list("set_signal_node() signals", (signals,), Signal)
-    drv = _driver(entries)
-    drv.graph_exec_set_semaphore_node(
-        _handle(graph_exec, "graph_exec"), _handle(node, "node"), [s._op() for s in entries], True
-    )
+    _set_node(graph_exec, node, entries, signal=True)
+
+
+def wait_nodes(graph: object, *, driver: Driver | str | None = None) -> list[int]:
+    """The graph's external semaphore wait nodes, in the graph's order: the order they were
+    added or captured (``cuGraphGetNodes``). For a captured graph these are the captured
+    waits, hand-off sections' included, whose values :func:`set_wait_node` advances per
+    launch. ``driver`` is the graph's driver (None: the default one). Raises ``TypeError``
+    for a bad handle and :class:`CudaError` for a graph the driver does not know."""
+    return resolve_driver(driver).graph_semaphore_nodes(_handle(graph, "graph"), False)
+
+
+def signal_nodes(graph: object, *, driver: Driver | str | None = None) -> list[int]:
+    """The graph's external semaphore signal nodes, in the graph's order; see
+    :func:`wait_nodes`."""
+    return resolve_driver(driver).graph_semaphore_nodes(_handle(graph, "graph"), True)
 
 
 async def launch_graph(graph_exec: object, stream: Stream) -> None:

@@ -14,7 +14,13 @@ import anyio.lowlevel
 from . import _log, _release
 from ._checks import check_device, check_ordinal, resolve_driver
 from ._driver import Driver
-from ._errors import AiocudasemError, DeviceFaultError, DeviceMismatchError
+from ._errors import (
+    AiocudasemError,
+    CudaError,
+    DeviceFaultError,
+    DeviceMismatchError,
+    UnsupportedFeatureError,
+)
 from ._lifetime import OnDevice, Owned
 from ._notifier import (
     History,
@@ -188,7 +194,11 @@ class Stream(OnDevice):
         ``enqueue_wait(Wait(a, 1), Wait(b, 2))`` and ``enqueue_wait([Wait(a, 1), Wait(b, 2)])``
         are the same. Raises ``TypeError`` for another entry, ``ValueError`` for none,
         ``anyio.ClosedResourceError`` for a closed stream or semaphore, and
-        :class:`DeviceMismatchError` for a semaphore of another device or driver."""
+        :class:`DeviceMismatchError` for a semaphore of another device or driver.
+
+        On a stream that is capturing a CUDA graph, the waits become the graph's external
+        semaphore wait nodes (docs/graphs.md); a host timeline's entry then raises
+        :class:`UnsupportedFeatureError` before anything is enqueued."""
         self._enqueue(self._entries("enqueue_wait()", waits, Wait), write=False)
 
     @overload
@@ -208,6 +218,12 @@ class Stream(OnDevice):
         one driver batch, then those on host timelines, one memory operation each."""
         ops, words = split_entries(entries)
         handle, drv = self.handle, self._driver
+        if words and drv.stream_capturing(handle):
+            raise UnsupportedFeatureError(
+                "a host timeline's wait or signal cannot be captured into a CUDA graph: the "
+                "graph would outlive what the timeline can track of its page; use an external "
+                "semaphore in a captured section, or enqueue the host timeline outside capture"
+            )
         if ops:
             (drv.enqueue_semaphore_signals if write else drv.enqueue_semaphore_waits)(ops, handle)
         if words:
@@ -268,6 +284,10 @@ class Stream(OnDevice):
                 # Reported as the notifier reports a fault it finds (once per device): a
                 # program whose waits all end here would otherwise raise it unlogged.
                 _log.device_fault(drv, self._device, exc)
+                raise
+            except CudaError as exc:
+                if exc.status in _CAPTURE_STATUSES:
+                    raise _capturing_error(exc) from None
                 raise
             if done:
                 notifier._completed += 1
@@ -436,6 +456,21 @@ def _destroy_event(driver: Driver, handle: int) -> None:
         warnings.warn(f"destroying an event failed: {exc}", RuntimeWarning, stacklevel=1)
 
 
+# cuStreamQuery on a capturing stream: refused (and the capture invalidated), or refused
+# because the capture was invalidated before.
+_CAPTURE_STATUSES: Final = frozenset({900, 901})
+
+
+def _capturing_error(exc: CudaError) -> CudaError:
+    return CudaError(
+        f"{exc}: the stream is capturing a CUDA graph, so nothing on it runs until the graph is "
+        "launched, and there is nothing to await; the query has invalidated the capture. End "
+        "the capture, instantiate the graph and await aiocudasem.launch_graph() instead",
+        exc.status,
+        exc.name,
+    )
+
+
 class HandOff:
     """``async with stream.handoff(waits, signals):`` - a section of GPU work between an
     external producer's signal and our signal back.
@@ -443,6 +478,9 @@ class HandOff:
     - Entering enqueues the waits (not a checkpoint).
     - The body enqueues GPU work on the stream.
     - A normal exit enqueues the signals and waits until the stream has passed them.
+    - On a stream that is capturing a CUDA graph, the waits and signals become the graph's
+      external semaphore nodes, and a normal exit does not wait (it is a checkpoint only):
+      the section runs each time the graph is launched. Host timelines cannot be captured.
     - If the body raises (cancellation included), the signals are still enqueued, so that the
       peer waiting for them is not left hanging, and the exception propagates at once,
       without waiting for the GPU. GPU work already enqueued cannot be undone.
@@ -484,14 +522,20 @@ class HandOff:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        stream = self._stream
         if exc_type is not None:
             try:
-                self._stream.enqueue_signal(self._signals)
+                stream.enqueue_signal(self._signals)
             except (AiocudasemError, anyio.ClosedResourceError):
                 pass  # the body's exception is the one to report
             return
-        self._stream.enqueue_signal(self._signals)
-        await self._stream.wait_complete()
+        stream.enqueue_signal(self._signals)
+        if stream._driver.stream_capturing(stream._handle):
+            # The section went into the graph being captured, and runs when that graph is
+            # launched: nothing on the stream runs now, so there is nothing to wait for.
+            await anyio.lowlevel.checkpoint()
+            return
+        await stream.wait_complete()
 
 
 def open_stream(

@@ -260,10 +260,13 @@ def test_a_killed_interprocess_event_producer_ends_the_consumer(driver: str, bac
     assert time.monotonic() - start < 30
 
 
+@pytest.mark.parametrize("how", ["built", "captured"])
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 @pytest.mark.parametrize("driver", DRIVERS)
-def test_graph_handoff(driver: str, backend: str) -> None:
+def test_graph_handoff(driver: str, backend: str, how: str) -> None:
     args = ["--driver", driver, "--backend", backend, "--frames", "300"]
+    if how == "captured":
+        args.append("--capture")
     out = run_example("graph_handoff.py", *args, timeout=120).stdout
-    assert out.splitlines()[-1].startswith("300 launches of one graph in ")
+    assert out.splitlines()[-1].startswith(f"300 launches of one {how} graph in ")
     assert out.splitlines()[-1].endswith(f"on driver '{driver}'")

@@ -37,8 +37,7 @@ async def test_one_graph_launched_1000_times_advances_its_values(sim: SimDriver)
     wait = acs.add_wait_node(graph, acs.Wait(ready, 1))
     kernel = sim.graph_add_kernel(graph, check, after=[wait])
     signal = acs.add_signal_node(graph, [acs.Signal(done, 1)], after=[kernel])
-    graph_exec = sim.graph_instantiate(graph)
-    sim.graph_destroy(graph)  # the executable copy goes on
+    graph_exec = sim.graph_instantiate(graph)  # the graph stays: its nodes are set below
 
     def produce() -> None:
         for n in range(1, frames + 1):
@@ -58,8 +57,27 @@ async def test_one_graph_launched_1000_times_advances_its_values(sim: SimDriver)
                 assert watcher.value == n
     thread.join(10)
     sim.graph_exec_destroy(graph_exec)
+    sim.graph_destroy(graph)
     assert seen == list(range(1, frames + 1))
     assert bad == []
+
+
+async def test_the_nodes_of_a_destroyed_graph_cannot_be_set(sim: SimDriver) -> None:
+    """An executable graph outlives its graph and still launches, but its nodes are named by
+    their handles in the graph: once the graph is gone they cannot be set (as on a GPU)."""
+    ready, producer = import_sim_semaphore(sim)
+    graph = sim.graph_create()
+    wait = acs.add_wait_node(graph, acs.Wait(ready, 1))
+    graph_exec = sim.graph_instantiate(graph)
+    sim.graph_destroy(graph)
+    async with ready, acs.open_stream(driver=sim) as stream:
+        with pytest.raises(acs.CudaError, match="keep the graph") as info:
+            acs.set_wait_node(graph_exec, wait, acs.Wait(ready, 2))
+        assert info.value.status == 1  # CUDA_ERROR_INVALID_VALUE
+        producer.signal(1)
+        with anyio.fail_after(10):
+            await acs.launch_graph(graph_exec, stream)  # with the values it had
+    sim.graph_exec_destroy(graph_exec)
 
 
 async def test_a_launch_keeps_the_values_it_was_launched_with(sim: SimDriver) -> None:
@@ -177,3 +195,157 @@ async def test_a_handle_is_not_parsed_from_a_str_or_truncated_from_a_float(
             acs.add_wait_node(graph, acs.Wait(ready, 1), after=[bad])
         with pytest.raises(acs.CudaError):  # CUDA: no duplicate dependencies
             acs.add_wait_node(graph, acs.Wait(ready, 1), after=[node, node])
+
+
+# ---------------------------------------------------------------------- stream capture
+
+
+async def test_a_captured_handoff_drives_1000_launches_of_one_graph(sim: SimDriver) -> None:
+    """A hand-off section on a capturing stream becomes the graph's wait and signal nodes,
+    around the kernel captured inside it; wait_nodes()/signal_nodes() find them, and each of
+    1,000 launches gets its frame's values and checks its frame."""
+    frames, words = 1000, 32
+    ready, producer = import_sim_semaphore(sim)
+    done, watcher = import_sim_semaphore(sim)
+    buffer = np.zeros(words, dtype=np.uint64)
+    seen: list[int] = []
+    bad: list[int] = []
+
+    def check() -> None:
+        n = int(buffer[0])
+        seen.append(n)
+        if not (buffer == np.arange(words, dtype=np.uint64) + n).all():
+            bad.append(n)
+
+    def produce() -> None:
+        for n in range(1, frames + 1):
+            if not watcher.block_until(n - 1, timeout=30):
+                return
+            buffer[:] = np.arange(words, dtype=np.uint64) + n
+            producer.signal(n)
+
+    async with ready, done, acs.open_stream(driver=sim) as stream:
+        sim.begin_capture(stream.handle)
+        with anyio.fail_after(5):  # the exit does not wait: nothing runs during capture
+            async with stream.handoff(acs.Wait(ready, 1), acs.Signal(done, 1)):
+                sim.launch(stream.handle, check)
+        graph = sim.end_capture(stream.handle)
+        assert seen == [] and watcher.value == 0  # captured, not run
+        [wait] = acs.wait_nodes(graph, driver=sim)
+        [signal] = acs.signal_nodes(graph, driver=sim)
+        graph_exec = sim.graph_instantiate(graph)
+        thread = threading.Thread(target=produce, daemon=True)
+        thread.start()
+        with anyio.fail_after(60):
+            for n in range(1, frames + 1):
+                acs.set_wait_node(graph_exec, wait, acs.Wait(ready, n))
+                acs.set_signal_node(graph_exec, signal, acs.Signal(done, n))
+                await acs.launch_graph(graph_exec, stream)
+                assert watcher.value == n
+        thread.join(10)
+    sim.graph_exec_destroy(graph_exec)
+    sim.graph_destroy(graph)
+    assert seen == list(range(1, frames + 1))
+    assert bad == []
+
+
+async def test_captured_enqueues_become_nodes_in_order(sim: SimDriver) -> None:
+    a, _ = import_sim_semaphore(sim)
+    b, _ = import_sim_semaphore(sim)
+    async with a, b, acs.open_stream(driver=sim) as stream:
+        assert not sim.stream_capturing(stream.handle)
+        sim.begin_capture(stream.handle)
+        assert sim.stream_capturing(stream.handle)
+        stream.enqueue_wait(acs.Wait(a, 1))
+        stream.enqueue_wait(acs.Wait(a, 2), acs.Wait(b, 3))  # one node, two semaphores
+        stream.enqueue_signal(acs.Signal(b, 4))
+        graph = sim.end_capture(stream.handle)
+        assert not sim.stream_capturing(stream.handle)
+        waits = acs.wait_nodes(graph, driver=sim)
+        assert len(waits) == 2 and waits[0] < waits[1]  # the order of capture
+        assert len(acs.signal_nodes(graph, driver=sim)) == 1
+        graph_exec = sim.graph_instantiate(graph)
+        with pytest.raises(acs.CudaError, match="another number of semaphores"):
+            acs.set_wait_node(graph_exec, waits[1], acs.Wait(a, 5))
+        acs.set_wait_node(graph_exec, waits[1], [acs.Wait(a, 5), acs.Wait(b, 6)])
+        sim.graph_exec_destroy(graph_exec)
+        sim.graph_destroy(graph)
+        await stream.wait_complete()  # the stream ran nothing of it
+
+
+async def test_awaiting_a_capturing_stream_says_why_it_cannot(sim: SimDriver) -> None:
+    """An await of a capturing stream cannot complete (nothing on it runs until a launch):
+    a typed error that says so, not a hang. The query invalidates the capture, as on a GPU."""
+    async with acs.open_stream(driver=sim) as stream:
+        sim.begin_capture(stream.handle)
+        with pytest.raises(acs.CudaError, match="capturing a CUDA graph") as info:
+            await stream.wait_complete()
+        assert info.value.status == 900  # CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+        with pytest.raises(acs.CudaError) as ended:
+            sim.end_capture(stream.handle)
+        assert ended.value.status == 901  # CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        await stream.wait_complete()  # usable again
+
+
+async def test_a_host_timeline_is_refused_in_capture_before_anything_is_enqueued(
+    sim: SimDriver,
+) -> None:
+    ready, _ = import_sim_semaphore(sim)
+    timeline = acs.create_host_timeline(driver=sim)
+    async with ready, timeline, acs.open_stream(driver=sim) as stream:
+        sim.begin_capture(stream.handle)
+        with pytest.raises(acs.UnsupportedFeatureError, match="captured"):
+            stream.enqueue_wait(acs.Wait(ready, 1), acs.Wait(timeline, 1))
+        with pytest.raises(acs.UnsupportedFeatureError, match="captured"):
+            async with stream.handoff(acs.Wait(timeline, 1), acs.Signal(ready, 2)):
+                pass
+        graph = sim.end_capture(stream.handle)  # still valid, and empty
+        assert acs.wait_nodes(graph, driver=sim) == []
+        assert acs.signal_nodes(graph, driver=sim) == []
+        sim.graph_destroy(graph)
+
+
+async def test_a_handoff_whose_body_raises_in_capture_still_captures_its_signals(
+    sim: SimDriver,
+) -> None:
+    ready, _ = import_sim_semaphore(sim)
+    done, _ = import_sim_semaphore(sim)
+    async with ready, done, acs.open_stream(driver=sim) as stream:
+        sim.begin_capture(stream.handle)
+        with pytest.raises(RuntimeError, match="body"):
+            async with stream.handoff(acs.Wait(ready, 1), acs.Signal(done, 1)):
+                raise RuntimeError("body")
+        graph = sim.end_capture(stream.handle)
+        assert len(acs.wait_nodes(graph, driver=sim)) == 1
+        assert len(acs.signal_nodes(graph, driver=sim)) == 1
+        sim.graph_destroy(graph)
+
+
+async def test_node_lookup_checks_its_graph(sim: SimDriver) -> None:
+    with pytest.raises(TypeError, match="handle"):
+        acs.wait_nodes("graph", driver=sim)
+    with pytest.raises(acs.CudaError):
+        acs.signal_nodes(987654, driver=sim)
+    with pytest.raises(TypeError, match="driver"):
+        acs.wait_nodes(4096, driver=42)  # type: ignore[arg-type]
+
+
+def test_the_simulator_refuses_what_it_cannot_capture(sim: SimDriver) -> None:
+    with pytest.raises(acs.CudaError) as info:
+        sim.begin_capture(0)  # the legacy default stream
+    assert info.value.status == 900
+    stream = sim.stream_create(0, True, 0)
+    with pytest.raises(acs.CudaError):
+        sim.end_capture(stream)  # not capturing
+    sim.begin_capture(stream)
+    event = sim.event_create(0)
+    with pytest.raises(acs.CudaError):
+        sim.event_record(event, stream)
+    with pytest.raises(acs.CudaError) as info:
+        sim.launch(stream, lambda: None)  # capturable, but the capture is invalidated
+    assert info.value.status == 901
+    with pytest.raises(acs.CudaError):
+        sim.end_capture(stream)
+    assert sim.stream_query(stream)  # capture over: an ordinary stream again
+    sim.event_destroy(event)
+    sim.stream_destroy(stream)

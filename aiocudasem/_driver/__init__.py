@@ -111,7 +111,13 @@ class Driver(Protocol):
 
     def stream_device(self, stream: int) -> int:
         """The ordinal of the stream's device. The real driver raises DeviceMismatchError for a
-        stream outside that device's primary context."""
+        stream outside that device's primary context. Safe on a stream that is capturing a
+        graph: it leaves the capture intact."""
+        ...
+
+    def stream_capturing(self, stream: int) -> bool:
+        """True while the stream is capturing a graph (``cuStreamIsCapturing``), also once
+        that capture has been invalidated and not yet ended. Leaves the capture intact."""
         ...
 
     def stream_query(self, stream: int) -> bool:
@@ -196,6 +202,11 @@ class Driver(Protocol):
 
     def graph_launch(self, graph_exec: int, stream: int) -> None:
         """Launch the executable graph on the stream (``cuGraphLaunch``)."""
+        ...
+
+    def graph_semaphore_nodes(self, graph: int, signal: bool) -> list[int]:
+        """The graph's external semaphore wait nodes (``signal`` False) or signal nodes, in the
+        order ``cuGraphGetNodes`` gives them (the order they were added or captured)."""
         ...
 
     # interprocess events

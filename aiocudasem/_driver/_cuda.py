@@ -175,6 +175,7 @@ class CudaDriver:
         self._devices: dict[int, int] = {}  # ordinal -> CUdevice
         self._ordinals: dict[int, int] = {}  # CUdevice -> ordinal
         self._ctx: dict[int, int] = {}  # ordinal -> primary context
+        self._ctx_ordinals: dict[int, int] = {}  # primary context -> ordinal
         self._probe: dict[int, int] = {}  # ordinal -> never-recorded event, for check_health
         # Devices that have had a semaphore wait -> set once their first-wait hooks have run.
         self._waited: dict[int, threading.Event] = {}
@@ -252,6 +253,10 @@ class CudaDriver:
         another thread meanwhile goes ahead only once they have run, so that no wait is
         enqueued before the kernels they load."""
         try:
+            if self.stream_capturing(stream):
+                # Captured, the wait blocks nothing yet, and a module load could invalidate
+                # the capture: the hooks run before the graph's launch instead.
+                return
             ordinal = self.stream_device(stream)  # also makes the context current
         except CudaError:
             return  # the wait itself reports a bad stream
@@ -302,6 +307,7 @@ class CudaDriver:
                         self._devices[ordinal] = dev
                         self._ordinals[dev] = ordinal
                         self._ctx[ordinal] = ctx
+                        self._ctx_ordinals[int(ctx)] = ordinal
             if d.ctx_get_current() != ctx:
                 d.ctx_set_current(ctx)
         except self._DriverError as exc:
@@ -369,14 +375,16 @@ class CudaDriver:
         # NULL, legacy and per-thread streams belong to the current context's device.
         if stream in (0, 1, 2) and d.ctx_get_current() == 0:
             self._use(0)
+        # The stream's context, and from it the device: cuStreamGetDevice (like GetFlags and
+        # GetId) is refused on a capturing stream and invalidates the capture; cuStreamGetCtx
+        # and cuCtxGetDevice_v2 are not (seen on an H200, driver 580).
         try:
-            dev = int(d.stream_get_device(stream))
             ctx = int(d.stream_get_ctx(stream))
         except self._DriverError as exc:
-            self._fail(exc, "cuStreamGetDevice")
-        ordinal = self._ordinals.get(dev)
+            self._fail(exc, "cuStreamGetCtx")
+        ordinal = self._ctx_ordinals.get(ctx)
         if ordinal is None:
-            ordinal = next(i for i in range(self._count) if int(d.device_get(i)) == dev)
+            ordinal = self._context_device(ctx, stream)
         if ctx != self._use(ordinal):
             raise DeviceMismatchError(
                 f"stream {stream:#x} belongs to a context other than device {ordinal}'s primary "
@@ -384,6 +392,27 @@ class CudaDriver:
                 "PyTorch, CuPy and cuda.core)"
             )
         return ordinal
+
+    def _context_device(self, ctx: int, stream: int) -> int:
+        """The ordinal of the device of ``ctx``, ``stream``'s context, which is not a primary
+        context that this driver has used yet."""
+        d = self._d
+        try:
+            dev = int(d.ctx_get_device_v2(ctx))
+        except self._DriverError as exc:
+            self._fail(exc, "cuCtxGetDevice_v2")
+        except Exception:  # a driver before CUDA 13.0 has no cuCtxGetDevice_v2
+            try:
+                dev = int(d.stream_get_device(stream))
+            except self._DriverError as exc:
+                self._fail(exc, "cuStreamGetDevice")
+        ordinal = self._ordinals.get(dev)
+        if ordinal is None:
+            ordinal = next(i for i in range(self._count) if int(d.device_get(i)) == dev)
+        return ordinal
+
+    def stream_capturing(self, stream: int) -> bool:
+        return bool(self._call("cuStreamIsCapturing", self._d.stream_is_capturing, stream))
 
     # The wait path's calls (stream_query, stream_wait_event, launch_host_func, event_record,
     # event_query) are _cucalls' C functions, bound over these methods in __init__: no
@@ -528,6 +557,16 @@ class CudaDriver:
         if not self._hooks_done:
             self._first_wait(stream)
         self._call("cuGraphLaunch", self._d.graph_launch, graph_exec, stream)
+
+    def graph_semaphore_nodes(self, graph: int, signal: bool) -> list[int]:
+        d = self._d
+        wanted = int(d.GraphNodeType.EXT_SEMAS_SIGNAL if signal else d.GraphNodeType.EXT_SEMAS_WAIT)
+        nodes = self._call("cuGraphGetNodes", d.graph_get_nodes, graph)
+        return [
+            int(n)
+            for n in nodes
+            if int(self._call("cuGraphNodeGetType", d.graph_node_get_type, int(n))) == wanted
+        ]
 
     # ------------------------------------------------------------------ interprocess events
 

@@ -46,6 +46,8 @@ _ILLEGAL_ADDRESS: Final = 700
 _INVALID_CONTEXT: Final = 201
 _ALREADY_REGISTERED: Final = 712
 _NOT_REGISTERED: Final = 713
+_CAPTURE_UNSUPPORTED: Final = 900
+_CAPTURE_INVALIDATED: Final = 901
 # How often a simulated stream waiting on a host memory word looks at it again. A host store
 # does not tell the simulator, as it does not tell a GPU, which polls the word too.
 _WORD_POLL_S: Final = 0.0002
@@ -84,6 +86,8 @@ _CUDA_NAMES: Final = {
     717: "CUDA_ERROR_INVALID_ADDRESS_SPACE",
     718: "CUDA_ERROR_INVALID_PC",
     _LAUNCH_FAILED: "CUDA_ERROR_LAUNCH_FAILED",
+    _CAPTURE_UNSUPPORTED: "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+    _CAPTURE_INVALIDATED: "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
 }
 
 
@@ -150,7 +154,18 @@ class _ForkedLock:
 
 
 class _Stream:
-    __slots__ = ("cond", "destroyed", "device", "done", "handle", "ops", "submitted", "thread")
+    __slots__ = (
+        "capture",
+        "capture_ok",
+        "cond",
+        "destroyed",
+        "device",
+        "done",
+        "handle",
+        "ops",
+        "submitted",
+        "thread",
+    )
 
     def __init__(self, handle: int, device: int, lock: threading.Lock) -> None:
         self.handle = handle
@@ -161,6 +176,8 @@ class _Stream:
         self.done = 0  # ops finished
         self.destroyed = False
         self.thread: threading.Thread | None = None
+        self.capture: list[_Node] | None = None  # while capturing: the graph's nodes
+        self.capture_ok = True  # False once the capture is invalidated
 
 
 class _Event:
@@ -378,6 +395,7 @@ class SimDriver:
         self._words: dict[int, tuple[int, int]] = {}
         self._graphs: dict[int, list[_Node]] = {}  # graph -> its nodes, in the order added
         self._execs: dict[int, dict[int, _Node]] = {}  # executable graph -> node -> its copy
+        self._exec_graphs: dict[int, int] = {}  # executable graph -> the graph it came from
         # Executable graph -> the stream and position of the end of its latest launch: CUDA
         # orders each launch of an executable graph behind its previous launches.
         self._exec_last: dict[int, tuple[_Stream, int]] = {}
@@ -462,7 +480,10 @@ class SimDriver:
             raise TypeError(f"fn must be a callable, not {type(fn).__name__}")
 
         with self._lock:
-            s = self._stream(stream, "cuLaunchKernel")
+            s = self._stream(stream, "cuLaunchKernel", capturable=True)
+            if s.capture is not None:
+                self._capture(s, _Node("kernel", fn=fn))
+                return
             self._push(s, self._kernel(s, fn))
 
     def _kernel(self, s: _Stream, fn: Callable[[], None]) -> Callable[[], None]:
@@ -483,12 +504,28 @@ class SimDriver:
         if status is not None:
             raise _error(status, what)
 
-    def _stream(self, handle: int, what: str) -> _Stream:
+    def _stream(self, handle: int, what: str, *, capturable: bool = False) -> _Stream:
+        """The stream ``handle``. On a capturing stream, a call that is not ``capturable``
+        is refused with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture, as
+        cuStreamQuery does on a GPU; a capturable one, once the capture is invalidated, is
+        refused with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED."""
         s = self._streams.get(handle)
         if s is None or s.destroyed:
             raise _error(_INVALID_HANDLE, what)
         self._check_device(s.device, what)
+        if s.capture is not None:
+            if not capturable:
+                s.capture_ok = False
+                raise _error(_CAPTURE_UNSUPPORTED, what)
+            if not s.capture_ok:
+                raise _error(_CAPTURE_INVALIDATED, what)
         return s
+
+    def _capture(self, s: _Stream, node: _Node) -> None:
+        # Called with the lock held. Captured work on one stream is a chain: each node
+        # depends on the one captured before it, which node order already expresses.
+        assert s.capture is not None
+        self._add_node(s.capture, node)
 
     def _push(self, s: _Stream, op: Callable[[], None]) -> None:
         # Called with the lock held.
@@ -588,7 +625,46 @@ class SimDriver:
 
     def stream_device(self, stream: int) -> int:
         with self._lock:
-            return self._stream(stream, "cuStreamGetDevice").device
+            return self._stream(stream, "cuStreamGetCtx", capturable=True).device
+
+    def stream_capturing(self, stream: int) -> bool:
+        with self._lock:
+            s = self._streams.get(stream)
+            if s is None or s.destroyed:
+                raise _error(_INVALID_HANDLE, "cuStreamIsCapturing")
+            return s.capture is not None
+
+    def begin_capture(self, stream: int) -> None:
+        """Begin capturing the stream into a new graph (``cuStreamBeginCapture``). While it
+        captures, the stream runs nothing: semaphore waits and signals and kernels
+        (:meth:`launch`) become the graph's nodes, in order. Any other call on it (a query, a
+        synchronize, an event, a host function, a memory operation, a graph launch) is refused
+        with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (900) and invalidates the capture, as
+        cuStreamQuery does on a GPU. The legacy default stream (0) cannot capture."""
+        with self._lock:
+            s = self._stream(stream, "cuStreamBeginCapture")
+            if stream == 0:
+                raise _error(_CAPTURE_UNSUPPORTED, "cuStreamBeginCapture")
+            s.capture, s.capture_ok = [], True
+
+    def end_capture(self, stream: int) -> int:
+        """End the stream's capture and return the graph it captured (``cuStreamEndCapture``),
+        which :meth:`graph_instantiate` takes. Raises CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        (901) if the capture was invalidated (and ends it), CUDA_ERROR_INVALID_VALUE if the
+        stream is not capturing."""
+        with self._lock:
+            s = self._streams.get(stream)
+            if s is None or s.destroyed:
+                raise _error(_INVALID_HANDLE, "cuStreamEndCapture")
+            nodes, ok = s.capture, s.capture_ok
+            if nodes is None:
+                raise _error(_INVALID_VALUE, "cuStreamEndCapture")
+            s.capture, s.capture_ok = None, True
+            if not ok:
+                raise _error(_CAPTURE_INVALIDATED, "cuStreamEndCapture")
+            handle = next(self._ids)
+            self._graphs[handle] = nodes
+            return handle
 
     def stream_query(self, stream: int) -> bool:
         with self._lock:
@@ -834,7 +910,7 @@ class SimDriver:
     def _sem_ops(
         self, ops: Sequence[SemOp], stream: int, what: str
     ) -> tuple[_Stream, list[tuple[_Semaphore, SemOp]]]:
-        s = self._stream(stream, what)
+        s = self._stream(stream, what, capturable=True)
         resolved = []
         for op in ops:
             sem = self._sems.get(op.sem)
@@ -848,6 +924,9 @@ class SimDriver:
     def enqueue_semaphore_waits(self, ops: Sequence[SemOp], stream: int) -> None:
         with self._lock:
             s, resolved = self._sem_ops(ops, stream, "cuWaitExternalSemaphoresAsync")
+            if s.capture is not None:
+                self._capture(s, _Node("wait", ops=list(ops)))
+                return
             self._push(s, self._waits(s, resolved))
 
     def _waits(self, s: _Stream, resolved: list[tuple[_Semaphore, SemOp]]) -> Callable[[], None]:
@@ -871,6 +950,9 @@ class SimDriver:
     def enqueue_semaphore_signals(self, ops: Sequence[SemOp], stream: int) -> None:
         with self._lock:
             s, resolved = self._sem_ops(ops, stream, "cuSignalExternalSemaphoresAsync")
+            if s.capture is not None:
+                self._capture(s, _Node("signal", ops=list(ops)))
+                return
             self._push(s, self._signals(resolved))
 
     def _signals(self, resolved: list[tuple[_Semaphore, SemOp]]) -> Callable[[], None]:
@@ -913,6 +995,7 @@ class SimDriver:
             nodes = self._graph(graph, "cuGraphInstantiate")
             handle = next(self._ids)
             self._execs[handle] = {n.handle: n.copy() for n in nodes}
+            self._exec_graphs[handle] = graph
             return handle
 
     def _graph(self, graph: int, what: str) -> list[_Node]:
@@ -959,6 +1042,10 @@ class SimDriver:
             target = nodes.get(node)
             if target is None or target.kind != kind or len(target.ops) != len(ops):
                 raise _error(_INVALID_VALUE, what)  # another node, or another count
+            if self._exec_graphs[graph_exec] not in self._graphs:
+                # The node is named by its handle in the graph, which went with the graph (a
+                # GPU refuses it too: seen on an H200).
+                raise _error(_INVALID_VALUE, what)
             self._check_sems(ops, what)
             target.ops = list(ops)
 
@@ -990,8 +1077,14 @@ class SimDriver:
                 self._push(s, step)
             self._exec_last[graph_exec] = (s, s.submitted)
 
+    def graph_semaphore_nodes(self, graph: int, signal: bool) -> list[int]:
+        kind = "signal" if signal else "wait"
+        with self._lock:
+            return [n.handle for n in self._graph(graph, "cuGraphGetNodes") if n.kind == kind]
+
     def graph_destroy(self, graph: int) -> None:
-        """Destroy a graph (``cuGraphDestroy``); its executable copies go on."""
+        """Destroy a graph (``cuGraphDestroy``); its executable copies go on, but their nodes
+        can no longer be set: the graph's node handles went with it."""
         with self._lock:
             if self._graphs.pop(graph, None) is None:
                 raise _error(_INVALID_HANDLE, "cuGraphDestroy")
@@ -1002,6 +1095,7 @@ class SimDriver:
         with self._lock:
             if self._execs.pop(graph_exec, None) is None:
                 raise _error(_INVALID_HANDLE, "cuGraphExecDestroy")
+            del self._exec_graphs[graph_exec]
             self._exec_last.pop(graph_exec, None)
 
     # ------------------------------------------------------------------ host memory words
