@@ -171,11 +171,13 @@ def set_signal_node(graph_exec: object, node: object, signals: Signal | Sequence
 
 
 def wait_nodes(graph: object, *, driver: Driver | str | None = None) -> list[int]:
-    """The graph's external semaphore wait nodes, in the graph's order: the order they were
-    added or captured (``cuGraphGetNodes``). For a captured graph these are the captured
-    waits, hand-off sections' included, whose values :func:`set_wait_node` advances per
-    launch. ``driver`` is the graph's driver (None: the default one). Raises ``TypeError``
-    for a bad handle and :class:`CudaError` for a graph the driver does not know."""
+    """The graph's external semaphore wait nodes, in the order ``cuGraphGetNodes`` lists them:
+    the order they were added or captured (so on an H200 and in the simulator; CUDA does not
+    document it). For a captured graph these are the captured waits, hand-off sections'
+    included, whose values :func:`set_wait_node` advances per launch. Nodes inside a child
+    graph node are not included. ``driver`` is the graph's driver (None: the default one).
+    Raises ``TypeError`` for a handle of the wrong type, ``ValueError`` for a null or
+    out-of-range one, and :class:`CudaError` for a graph the driver does not know."""
     return resolve_driver(driver).graph_semaphore_nodes(_handle(graph, "graph"), False)
 
 

@@ -150,7 +150,9 @@ class Stream(OnDevice):
         return self._driver.stream_query(self.handle)
 
     def record(self) -> Event:
-        """Record an event capturing everything enqueued so far. Non-blocking."""
+        """Record an event capturing everything enqueued so far. Non-blocking. Recorded while
+        the stream captures a graph, the event is CUDA's captured kind, for other captured
+        streams to wait on; awaiting it raises :class:`CudaError`."""
         handle = self.handle
         _release.flush()
         event = self._driver.event_create(self._device)
@@ -218,7 +220,7 @@ class Stream(OnDevice):
         one driver batch, then those on host timelines, one memory operation each."""
         ops, words = split_entries(entries)
         handle, drv = self.handle, self._driver
-        if words and drv.stream_capturing(handle):
+        if words and _capturing(drv, handle):
             raise UnsupportedFeatureError(
                 "a host timeline's wait or signal cannot be captured into a CUDA graph: the "
                 "graph would outlive what the timeline can track of its page; use an external "
@@ -297,6 +299,10 @@ class Stream(OnDevice):
             if shared is not None:
                 await notifier.wait(shared)
                 return
+        elif handle == _PER_THREAD_STREAM and _capturing(drv, handle):
+            # The one default stream that can capture: its event would be a captured one,
+            # which CUDA refuses to query (CUDA_ERROR_CAPTURED_EVENT).
+            raise _capturing_error(None)
         # A stream still busy gets its event now: it captures at most what was enqueued during
         # the checkpoint besides. The default streams always record first, before their
         # checkpoint: an event recorded on the legacy stream also waits for the work of every
@@ -435,7 +441,18 @@ class Event(Owned):
         while another event loop, still running, waits for the event or holds its armed
         notification: await an event from one event loop at a time."""
         self.handle  # noqa: B018 - raises ClosedResourceError once closed
-        await current_notifier().wait(self._point)
+        try:
+            await current_notifier().wait(self._point)
+        except CudaError as exc:
+            if exc.status != _CAPTURED_EVENT:
+                raise
+            raise CudaError(
+                f"{exc}: the event was recorded on a stream that was capturing a CUDA graph, so "
+                "it marks a point in the graph, not work that will complete; record it outside "
+                "capture, or await aiocudasem.launch_graph() of the graph",
+                exc.status,
+                exc.name,
+            ) from None
 
     def close(self) -> None:
         """Destroy the event. Idempotent. Raises ``anyio.BusyResourceError`` while a coroutine
@@ -459,15 +476,30 @@ def _destroy_event(driver: Driver, handle: int) -> None:
 # cuStreamQuery on a capturing stream: refused (and the capture invalidated), or refused
 # because the capture was invalidated before.
 _CAPTURE_STATUSES: Final = frozenset({900, 901})
+_CAPTURE_UNSUPPORTED: Final = 900
+_CAPTURED_EVENT: Final = 907  # CUDA_ERROR_CAPTURED_EVENT: a query of an event recorded in capture
+_PER_THREAD_STREAM: Final = 2  # CU_STREAM_PER_THREAD
 
 
-def _capturing_error(exc: CudaError) -> CudaError:
+def _capturing(drv: Driver, handle: int) -> bool:
+    """Whether ``handle`` is capturing; False where the driver cannot say (the per-thread
+    stream of a thread with no current context, which captures nothing)."""
+    try:
+        return drv.stream_capturing(handle)
+    except CudaError:
+        return False
+
+
+def _capturing_error(exc: CudaError | None) -> CudaError:
+    """The error for an await of a capturing stream; ``exc`` is the query's, which has
+    invalidated the capture."""
+    what = "the query has invalidated the capture" if exc else "the capture is intact"
     return CudaError(
-        f"{exc}: the stream is capturing a CUDA graph, so nothing on it runs until the graph is "
-        "launched, and there is nothing to await; the query has invalidated the capture. End "
+        f"{exc or 'the stream is capturing'}: the stream is capturing a CUDA graph, so nothing "
+        f"on it runs until the graph is launched, and there is nothing to await ({what}). End "
         "the capture, instantiate the graph and await aiocudasem.launch_graph() instead",
-        exc.status,
-        exc.name,
+        exc.status if exc else _CAPTURE_UNSUPPORTED,
+        exc.name if exc else "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
     )
 
 
@@ -530,7 +562,7 @@ class HandOff:
                 pass  # the body's exception is the one to report
             return
         stream.enqueue_signal(self._signals)
-        if stream._driver.stream_capturing(stream._handle):
+        if _capturing(stream._driver, stream._handle):
             # The section went into the graph being captured, and runs when that graph is
             # launched: nothing on the stream runs now, so there is nothing to wait for.
             await anyio.lowlevel.checkpoint()

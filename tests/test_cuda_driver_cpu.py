@@ -29,8 +29,26 @@ class _Bindings:
         self.library_fails = library_fails
         self.calls: list[str] = []
         self.current = 0
+        self.capturing = 0  # CU_STREAM_CAPTURE_STATUS of every stream
+        self.old_driver = False
+
+    def _capture_unsafe(self) -> None:
+        if self.capturing:  # as on a GPU: refused, and the capture invalidated
+            self.capturing = 2
+            exc = real.DriverError("capture")
+            exc.status = 900  # type: ignore[attr-defined]
+            raise exc
 
     def stream_get_device(self, stream: int) -> int:
+        self._capture_unsafe()
+        return 0
+
+    def stream_is_capturing(self, stream: int) -> int:
+        return self.capturing
+
+    def ctx_get_device_v2(self, ctx: int) -> int:
+        if self.old_driver:
+            raise RuntimeError("cuCtxGetDevice_v2 not found")  # what a driver before 13.0 gives
         return 0
 
     def stream_get_ctx(self, stream: int) -> int:
@@ -52,6 +70,7 @@ class _Bindings:
         return f"CUDA_ERROR_{status}"
 
     def library_load_data(self, *args: Any) -> int:
+        self._capture_unsafe()
         self.calls.append("library_load_data")
         if self.library_fails:
             exc = real.DriverError("no")
@@ -83,6 +102,7 @@ def _driver(bindings: _Bindings) -> CudaDriver:
     drv._count = 1
     drv._lock = threading.Lock()
     drv._devices, drv._ordinals, drv._ctx, drv._probe = {}, {}, {}, {}
+    drv._ctx_ordinals = {}
     drv._waited, drv._first_wait_hooks, drv._hooks_done = {}, [], False
     drv._wait_dtype = real.external_semaphore_wait_params_v1_dtype
     return drv
@@ -95,6 +115,39 @@ def test_the_workload_kernels_are_loaded_before_the_first_wait_once() -> None:
     drv.enqueue_semaphore_waits([SemOp(1, value=1)], 0x5)
     drv.enqueue_semaphore_waits([SemOp(1, value=2)], 0x5)
     assert b.calls == ["library_load_data", "func_load", "func_load", "func_load", "wait", "wait"]
+
+
+def test_a_captured_first_wait_leaves_the_hooks_for_a_wait_outside_capture() -> None:
+    """A first wait on a capturing stream runs no hook (a module load, or finding the device
+    with cuStreamGetDevice, would invalidate the capture); the next wait outside runs them."""
+    b = _Bindings(library_fails=False)
+    drv = _driver(b)
+    workloads(drv)
+    b.capturing = 1
+    drv.enqueue_semaphore_waits([SemOp(1, value=1)], 0x5)
+    assert b.calls == ["wait"] and b.capturing == 1  # the capture is intact
+    b.capturing = 0
+    drv.enqueue_semaphore_waits([SemOp(1, value=2)], 0x5)
+    assert b.calls == ["wait", "library_load_data", "func_load", "func_load", "func_load", "wait"]
+
+
+def test_a_capturing_streams_device_is_found_without_invalidating_the_capture() -> None:
+    b = _Bindings(library_fails=False)
+    drv = _driver(b)
+    b.capturing = 1
+    assert drv.stream_device(0x5) == 0  # a context it did not know yet: cuCtxGetDevice_v2
+    assert drv.stream_device(0x5) == 0  # known now
+    assert b.capturing == 1
+    assert drv.stream_capturing(0x5)
+
+
+def test_a_driver_without_cuctxgetdevice_v2_finds_the_device_by_its_primary_context() -> None:
+    b = _Bindings(library_fails=False)
+    b.old_driver = True
+    drv = _driver(b)
+    b.capturing = 1
+    assert drv.stream_device(0x5) == 0
+    assert b.capturing == 1  # cuStreamGetDevice was not called
 
 
 def test_a_kernel_that_cannot_load_does_not_fail_the_users_wait() -> None:

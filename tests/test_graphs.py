@@ -69,6 +69,8 @@ async def test_the_nodes_of_a_destroyed_graph_cannot_be_set(sim: SimDriver) -> N
     graph = sim.graph_create()
     wait = acs.add_wait_node(graph, acs.Wait(ready, 1))
     graph_exec = sim.graph_instantiate(graph)
+    acs.set_wait_node(graph_exec, wait, acs.Wait(ready, 2))  # while the graph exists
+    acs.set_wait_node(graph_exec, wait, acs.Wait(ready, 1))
     sim.graph_destroy(graph)
     async with ready, acs.open_stream(driver=sim) as stream:
         with pytest.raises(acs.CudaError, match="keep the graph") as info:
@@ -338,14 +340,73 @@ def test_the_simulator_refuses_what_it_cannot_capture(sim: SimDriver) -> None:
     with pytest.raises(acs.CudaError):
         sim.end_capture(stream)  # not capturing
     sim.begin_capture(stream)
-    event = sim.event_create(0)
-    with pytest.raises(acs.CudaError):
-        sim.event_record(event, stream)
+    with pytest.raises(acs.CudaError) as info:
+        sim.begin_capture(stream)  # capturing already: refused, the capture left as it was
+    assert info.value.status == 401
+    sim.launch(stream, lambda: None)
+    with pytest.raises(acs.CudaError) as info:
+        sim.launch_host_func(stream, 0, 0)  # not capturable here: refused, and invalidates
+    assert info.value.status == 900
     with pytest.raises(acs.CudaError) as info:
         sim.launch(stream, lambda: None)  # capturable, but the capture is invalidated
     assert info.value.status == 901
+    assert sim.stream_device(stream) == 0  # still answered
     with pytest.raises(acs.CudaError):
         sim.end_capture(stream)
     assert sim.stream_query(stream)  # capture over: an ordinary stream again
+    sim.stream_destroy(stream)
+
+
+def test_a_captured_event_cannot_be_queried(sim: SimDriver) -> None:
+    stream = sim.stream_create(0, True, 0)
+    event = sim.event_create(0)
+    sim.begin_capture(stream)
+    sim.event_record(event, stream)  # a point in the graph
+    with pytest.raises(acs.CudaError) as info:
+        sim.event_query(event)
+    assert info.value.status == 907
+    with pytest.raises(acs.CudaError):
+        sim.end_capture(stream)  # the query invalidated the capture
+    with pytest.raises(acs.CudaError) as info:
+        sim.event_synchronize(event)  # still captured: last recorded in capture
+    assert info.value.status == 907
+    sim.event_record(event, stream)  # recorded again, outside capture
+    sim.event_synchronize(event)
+    assert sim.event_query(event)
     sim.event_destroy(event)
     sim.stream_destroy(stream)
+
+
+async def test_awaiting_an_event_recorded_in_capture_says_why_it_cannot(sim: SimDriver) -> None:
+    async with acs.open_stream(driver=sim) as stream:
+        sim.begin_capture(stream.handle)
+        event = stream.record()
+        with pytest.raises(acs.CudaError, match="recorded on a stream that was capturing") as info:
+            await event.wait()
+        assert info.value.status == 907
+        with pytest.raises(acs.CudaError):
+            sim.end_capture(stream.handle)
+        event.close()
+
+
+def test_a_fault_during_capture_ends_it_with_the_fault(sim: SimDriver) -> None:
+    stream = sim.stream_create(0, True, 0)
+    sim.begin_capture(stream)
+    sim.inject_fault(0)
+    with pytest.raises(acs.DeviceFaultError):
+        sim.end_capture(stream)
+    with pytest.raises(acs.DeviceFaultError):
+        sim.stream_capturing(stream)
+
+
+async def test_a_stream_adopted_during_its_capture_keeps_it(sim: SimDriver) -> None:
+    ready, _ = import_sim_semaphore(sim)
+    async with ready, acs.open_stream(driver=sim) as owner:
+        sim.begin_capture(owner.handle)
+        adopted = acs.Stream.adopt(owner.handle, driver=sim)
+        assert adopted.device == 0
+        adopted.enqueue_wait(acs.Wait(ready, 1))
+        graph = sim.end_capture(owner.handle)  # not invalidated
+        assert len(acs.wait_nodes(graph, driver=sim)) == 1
+        sim.graph_destroy(graph)
+        adopted.close()

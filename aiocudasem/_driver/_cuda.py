@@ -253,11 +253,11 @@ class CudaDriver:
         another thread meanwhile goes ahead only once they have run, so that no wait is
         enqueued before the kernels they load."""
         try:
+            ordinal = self.stream_device(stream)  # also makes the context current
             if self.stream_capturing(stream):
                 # Captured, the wait blocks nothing yet, and a module load could invalidate
                 # the capture: the hooks run before the graph's launch instead.
                 return
-            ordinal = self.stream_device(stream)  # also makes the context current
         except CudaError:
             return  # the wait itself reports a bad stream
         with self._lock:
@@ -290,28 +290,40 @@ class CudaDriver:
     def _use(self, ordinal: int) -> int:
         """Make ``ordinal``'s primary context current on this thread; return it."""
         ctx = self._ctx.get(ordinal)
+        if ctx is None:
+            ctx = self._primary(ordinal)
         d = self._d
         try:
-            if ctx is None:
-                if not isinstance(ordinal, int) or not 0 <= ordinal < self._count:
-                    raise CudaError(
-                        f"device ordinal {ordinal!r} out of range [0, {self._count})",
-                        101,
-                        "CUDA_ERROR_INVALID_DEVICE",
-                    )
-                with self._lock:
-                    ctx = self._ctx.get(ordinal)
-                    if ctx is None:
-                        dev = d.device_get(ordinal)
-                        ctx = d.device_primary_ctx_retain(dev)
-                        self._devices[ordinal] = dev
-                        self._ordinals[dev] = ordinal
-                        self._ctx[ordinal] = ctx
-                        self._ctx_ordinals[int(ctx)] = ordinal
             if d.ctx_get_current() != ctx:
                 d.ctx_set_current(ctx)
         except self._DriverError as exc:
-            self._fail(exc, "cuDevicePrimaryCtxRetain")
+            self._fail(exc, "cuCtxSetCurrent")
+        return ctx
+
+    def _primary(self, ordinal: int) -> int:
+        """``ordinal``'s primary context, retained once (it stays retained)."""
+        ctx = self._ctx.get(ordinal)
+        if ctx is not None:
+            return ctx
+        if not isinstance(ordinal, int) or not 0 <= ordinal < self._count:
+            raise CudaError(
+                f"device ordinal {ordinal!r} out of range [0, {self._count})",
+                101,
+                "CUDA_ERROR_INVALID_DEVICE",
+            )
+        d = self._d
+        with self._lock:
+            ctx = self._ctx.get(ordinal)
+            if ctx is None:
+                try:
+                    dev = d.device_get(ordinal)
+                    ctx = d.device_primary_ctx_retain(dev)
+                except self._DriverError as exc:
+                    self._fail(exc, "cuDevicePrimaryCtxRetain")
+                self._devices[ordinal] = dev
+                self._ordinals[dev] = ordinal
+                self._ctx[ordinal] = ctx
+                self._ctx_ordinals[int(ctx)] = ordinal
         return ctx
 
     # ------------------------------------------------------------------ devices
@@ -395,21 +407,22 @@ class CudaDriver:
 
     def _context_device(self, ctx: int, stream: int) -> int:
         """The ordinal of the device of ``ctx``, ``stream``'s context, which is not a primary
-        context that this driver has used yet."""
+        context that this driver has used yet. Never cuStreamGetDevice, which a capture
+        refuses."""
         d = self._d
         try:
             dev = int(d.ctx_get_device_v2(ctx))
-        except self._DriverError as exc:
-            self._fail(exc, "cuCtxGetDevice_v2")
         except Exception:  # a driver before CUDA 13.0 has no cuCtxGetDevice_v2
-            try:
-                dev = int(d.stream_get_device(stream))
-            except self._DriverError as exc:
-                self._fail(exc, "cuStreamGetDevice")
-        ordinal = self._ordinals.get(dev)
-        if ordinal is None:
-            ordinal = next(i for i in range(self._count) if int(d.device_get(i)) == dev)
-        return ordinal
+            # The primary context that is ``ctx``, if one is; else any device: the caller
+            # finds that ``ctx`` is not its primary context and says so.
+            for i in range(self._count):
+                if self._primary(i) == ctx:
+                    return i
+            return 0
+        known = self._ordinals.get(dev)
+        if known is not None:
+            return known
+        return next(i for i in range(self._count) if int(d.device_get(i)) == dev)
 
     def stream_capturing(self, stream: int) -> bool:
         return bool(self._call("cuStreamIsCapturing", self._d.stream_is_capturing, stream))

@@ -46,8 +46,10 @@ _ILLEGAL_ADDRESS: Final = 700
 _INVALID_CONTEXT: Final = 201
 _ALREADY_REGISTERED: Final = 712
 _NOT_REGISTERED: Final = 713
+_ILLEGAL_STATE: Final = 401
 _CAPTURE_UNSUPPORTED: Final = 900
 _CAPTURE_INVALIDATED: Final = 901
+_CAPTURED_EVENT: Final = 907
 # How often a simulated stream waiting on a host memory word looks at it again. A host store
 # does not tell the simulator, as it does not tell a GPU, which polls the word too.
 _WORD_POLL_S: Final = 0.0002
@@ -71,6 +73,7 @@ _CUDA_NAMES: Final = {
     101: "CUDA_ERROR_INVALID_DEVICE",
     _INVALID_CONTEXT: "CUDA_ERROR_INVALID_CONTEXT",
     _INVALID_HANDLE: "CUDA_ERROR_INVALID_HANDLE",
+    _ILLEGAL_STATE: "CUDA_ERROR_ILLEGAL_STATE",
     _ALREADY_REGISTERED: "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
     _NOT_REGISTERED: "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
     600: "CUDA_ERROR_NOT_READY",
@@ -88,6 +91,7 @@ _CUDA_NAMES: Final = {
     _LAUNCH_FAILED: "CUDA_ERROR_LAUNCH_FAILED",
     _CAPTURE_UNSUPPORTED: "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
     _CAPTURE_INVALIDATED: "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+    _CAPTURED_EVENT: "CUDA_ERROR_CAPTURED_EVENT",
 }
 
 
@@ -181,10 +185,11 @@ class _Stream:
 
 
 class _Event:
-    __slots__ = ("device", "ipc", "seq", "stamp", "stream", "timing")
+    __slots__ = ("captured", "device", "ipc", "seq", "stamp", "stream", "timing")
 
     def __init__(self, device: int, timing: bool, ipc: _IpcPage | None = None) -> None:
         self.device = device
+        self.captured: _Stream | None = None  # last recorded on this stream, in its capture
         self.stream: _Stream | None = None
         self.seq = 0
         self.stamp = 0.0
@@ -509,16 +514,21 @@ class SimDriver:
         is refused with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture, as
         cuStreamQuery does on a GPU; a capturable one, once the capture is invalidated, is
         refused with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED."""
-        s = self._streams.get(handle)
-        if s is None or s.destroyed:
-            raise _error(_INVALID_HANDLE, what)
-        self._check_device(s.device, what)
+        s = self._any_stream(handle, what)
         if s.capture is not None:
             if not capturable:
                 s.capture_ok = False
                 raise _error(_CAPTURE_UNSUPPORTED, what)
             if not s.capture_ok:
                 raise _error(_CAPTURE_INVALIDATED, what)
+        return s
+
+    def _any_stream(self, handle: int, what: str) -> _Stream:
+        """The stream ``handle``, capturing or not (for the calls a capture allows always)."""
+        s = self._streams.get(handle)
+        if s is None or s.destroyed:
+            raise _error(_INVALID_HANDLE, what)
+        self._check_device(s.device, what)
         return s
 
     def _capture(self, s: _Stream, node: _Node) -> None:
@@ -625,24 +635,28 @@ class SimDriver:
 
     def stream_device(self, stream: int) -> int:
         with self._lock:
-            return self._stream(stream, "cuStreamGetCtx", capturable=True).device
+            return self._any_stream(stream, "cuStreamGetCtx").device
 
     def stream_capturing(self, stream: int) -> bool:
         with self._lock:
-            s = self._streams.get(stream)
-            if s is None or s.destroyed:
-                raise _error(_INVALID_HANDLE, "cuStreamIsCapturing")
-            return s.capture is not None
+            return self._any_stream(stream, "cuStreamIsCapturing").capture is not None
 
     def begin_capture(self, stream: int) -> None:
         """Begin capturing the stream into a new graph (``cuStreamBeginCapture``). While it
         captures, the stream runs nothing: semaphore waits and signals and kernels
         (:meth:`launch`) become the graph's nodes, in order. Any other call on it (a query, a
-        synchronize, an event, a host function, a memory operation, a graph launch) is refused
-        with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (900) and invalidates the capture, as
-        cuStreamQuery does on a GPU. The legacy default stream (0) cannot capture."""
+        synchronize, a wait for an event, a host function, a memory operation, a graph launch)
+        is refused with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (900) and invalidates the
+        capture, as cuStreamQuery does on a GPU. An event recorded on it is a captured event:
+        querying, synchronizing or waiting for it is refused with CUDA_ERROR_CAPTURED_EVENT
+        (907), until it is recorded again outside capture. (CUDA also lets other streams join
+        a capture through such an event; the simulator does not model that.) The legacy
+        default stream (0) cannot capture, and a stream that captures already is refused with
+        CUDA_ERROR_ILLEGAL_STATE (401), its capture left as it was (both as on an H200)."""
         with self._lock:
-            s = self._stream(stream, "cuStreamBeginCapture")
+            s = self._any_stream(stream, "cuStreamBeginCapture")
+            if s.capture is not None:
+                raise _error(_ILLEGAL_STATE, "cuStreamBeginCapture")
             if stream == 0:
                 raise _error(_CAPTURE_UNSUPPORTED, "cuStreamBeginCapture")
             s.capture, s.capture_ok = [], True
@@ -653,9 +667,7 @@ class SimDriver:
         (901) if the capture was invalidated (and ends it), CUDA_ERROR_INVALID_VALUE if the
         stream is not capturing."""
         with self._lock:
-            s = self._streams.get(stream)
-            if s is None or s.destroyed:
-                raise _error(_INVALID_HANDLE, "cuStreamEndCapture")
+            s = self._any_stream(stream, "cuStreamEndCapture")
             nodes, ok = s.capture, s.capture_ok
             if nodes is None:
                 raise _error(_INVALID_VALUE, "cuStreamEndCapture")
@@ -682,6 +694,7 @@ class SimDriver:
         with self._lock:
             s = self._stream(stream, "cuStreamWaitEvent")
             ev = self._event(event, "cuStreamWaitEvent")
+            self._not_captured(ev, "cuStreamWaitEvent")
             if ev.ipc is not None:
                 page, target = ev.ipc, ev.ipc.latest()  # the latest record, in any process
 
@@ -744,9 +757,18 @@ class SimDriver:
     def event_record(self, event: int, stream: int) -> None:
         with self._lock:
             ev = self._event(event, "cuEventRecord")
-            s = self._stream(stream, "cuEventRecord")
+            s = self._stream(stream, "cuEventRecord", capturable=True)
             if ev.device != s.device:
                 raise _error(_INVALID_HANDLE, "cuEventRecord")
+            if s.capture is not None:
+                if ev.ipc is not None:
+                    s.capture_ok = False
+                    raise _error(_CAPTURE_UNSUPPORTED, "cuEventRecord")
+                # A point in the graph being captured, not work that completes: CUDA's
+                # "captured event", which a query refuses.
+                ev.captured = s
+                return
+            ev.captured = None
             page = ev.ipc
             if page is not None:
                 number = page.next_record()
@@ -771,9 +793,19 @@ class SimDriver:
     def _stamp(ev: _Event) -> None:
         ev.stamp = time.perf_counter()
 
+    def _not_captured(self, ev: _Event, what: str) -> None:
+        # Called with the lock held. A query or wait of a captured event is refused, and the
+        # capture it belongs to (if still going) is invalidated, as on an H200.
+        s = ev.captured
+        if s is not None:
+            if s.capture is not None:
+                s.capture_ok = False
+            raise _error(_CAPTURED_EVENT, what)
+
     def event_query(self, event: int) -> bool:
         with self._lock:
             ev = self._event(event, "cuEventQuery")
+            self._not_captured(ev, "cuEventQuery")
             if ev.ipc is not None:
                 return ev.ipc.reached(ev.ipc.latest())
             return ev.stream is None or ev.stream.done >= ev.seq
@@ -781,6 +813,7 @@ class SimDriver:
     def event_synchronize(self, event: int) -> None:
         with self._lock:
             ev = self._event(event, "cuEventSynchronize")
+            self._not_captured(ev, "cuEventSynchronize")
             src, seq, page = ev.stream, ev.seq, ev.ipc
             target = page.latest() if page is not None else 0
         if page is not None:

@@ -180,37 +180,84 @@ async def test_adopting_a_capturing_stream_leaves_the_capture_intact(cuda: acs.D
 _FIRST_WAIT_CAPTURED = """
 import anyio, aiocudasem as acs
 from cuda.bindings._v2 import driver as d
+from aiocudasem._workloads import workloads
 from aiocudasem.vulkan import VulkanDevice
+
+d.init(0)
+ctx = d.device_primary_ctx_retain(d.device_get(0))
+d.ctx_set_current(ctx)
+raw = d.stream_create(1)  # a stream the library has not seen, as PyTorch's would be
 
 async def main():
     cuda = acs.get_driver("cuda")
+    work = workloads(cuda)  # its kernels load before the device's first wait: a hook
     with VulkanDevice.open(uuid=cuda.device_uuid(0)) as vk:
         vready, vdone = vk.create_timeline_semaphore(), vk.create_timeline_semaphore()
         kind = acs.HandleType.TIMELINE_SEMAPHORE_FD
         ready = acs.import_semaphore(kind, vready.export_fd(), driver=cuda)
         done = acs.import_semaphore(kind, vdone.export_fd(), driver=cuda)
-        async with ready, done, acs.open_stream(driver=cuda) as stream:
-            # The process's first semaphore wait is captured: no first-wait hook may run
-            # during the capture (a module load would invalidate it); the launch runs them.
-            d.stream_begin_capture_v2(stream.handle, int(d.StreamCaptureMode.GLOBAL))
+        async with ready, done:
+            # The process's first semaphore wait is captured, on a stream adopted during the
+            # capture: finding its device and the first-wait hooks must leave the capture
+            # intact (a module load or cuStreamGetDevice would invalidate it).
+            d.stream_begin_capture_v2(raw, int(d.StreamCaptureMode.GLOBAL))
+            stream = acs.Stream.adopt(raw, driver=cuda)
             async with stream.handoff(acs.Wait(ready, 1), acs.Signal(done, 1)):
                 pass
-            graph = d.stream_end_capture(stream.handle)
+            assert int(d.stream_is_capturing(raw)) == 1, "the capture was invalidated"
+            graph = d.stream_end_capture(raw)
+            assert 0 not in work._kernels, "a hook ran during the capture"
             graph_exec = d.graph_instantiate_with_flags(graph, 0)
             vready.signal(1)
             with anyio.fail_after(30):
-                await acs.launch_graph(graph_exec, stream)
+                await acs.launch_graph(graph_exec, stream)  # runs the hooks first
+            assert 0 in work._kernels, "the launch did not run the hooks"
             assert vdone.value == 1
             d.graph_exec_destroy(graph_exec)
             d.graph_destroy(graph)
+            stream.close()
         vready.close()
         vdone.close()
     print("ok")
 
 anyio.run(main)
+d.stream_destroy_v2(raw)
 """
 
 
-def test_a_process_whose_first_wait_is_captured() -> None:
+def test_a_process_whose_first_wait_is_captured_on_an_adopted_stream() -> None:
     proc = run_script(_FIRST_WAIT_CAPTURED)
     assert proc.stdout.strip().endswith("ok")
+
+
+async def test_awaiting_the_capturing_per_thread_stream_leaves_the_capture_intact(
+    cuda: acs.Driver,
+) -> None:
+    """The per-thread default stream can capture, and its await records an event first
+    (querying it would be CUDA_ERROR_CAPTURED_EVENT): the library asks before it records."""
+    from cuda.bindings._v2 import driver as d
+
+    per_thread = acs.Stream.adopt(2, driver=cuda)
+    d.stream_begin_capture_v2(2, int(d.StreamCaptureMode.RELAXED))
+    try:
+        with pytest.raises(acs.CudaError, match="capture is intact") as info:
+            await per_thread.wait_complete()
+        assert info.value.status == 900
+    finally:
+        graph = d.stream_end_capture(2)  # not invalidated
+    d.graph_destroy(graph)
+    await per_thread.wait_complete()
+
+
+async def test_awaiting_an_event_recorded_in_capture_is_a_typed_error(cuda: acs.Driver) -> None:
+    from cuda.bindings._v2 import driver as d
+
+    async with acs.open_stream(driver=cuda) as stream:
+        d.stream_begin_capture_v2(stream.handle, int(d.StreamCaptureMode.RELAXED))
+        event = stream.record()  # a captured event
+        with pytest.raises(acs.CudaError, match="recorded on a stream that was capturing") as ex:
+            await event.wait()
+        assert ex.value.status == 907
+        with pytest.raises(d.DriverError):
+            d.stream_end_capture(stream.handle)
+        event.close()
