@@ -261,3 +261,44 @@ async def test_awaiting_an_event_recorded_in_capture_is_a_typed_error(cuda: acs.
         with pytest.raises(d.DriverError):
             d.stream_end_capture(stream.handle)
         event.close()
+
+
+async def test_a_cuda_core_graph_builder_captures_a_handoff(
+    cuda: acs.Driver, vk: VulkanDevice
+) -> None:
+    """cuda.core builds graphs by stream capture: a hand-off on the adopted builder becomes
+    its semaphore nodes, launch_graph() takes the cuda.core Graph, and each launch's values
+    come from Graph.update() with a builder captured the same way (cuda.core does not expose
+    the builder's CUgraph, which set_wait_node() would need)."""
+    core = pytest.importorskip("cuda.core")
+    dev = core.Device(0)
+    dev.set_current()
+    vready, vdone = vk.create_timeline_semaphore(), vk.create_timeline_semaphore()
+    ready, done = import_vk(vready, cuda), import_vk(vdone, cuda)
+
+    async def build(n: int) -> object:
+        builder = dev.create_graph_builder().begin_building()
+        captured = acs.Stream.adopt(builder, driver=cuda)
+        async with captured.handoff(acs.Wait(ready, n), acs.Signal(done, n)):
+            pass
+        builder.end_building()
+        return builder
+
+    async with ready, done, acs.open_stream(driver=cuda) as stream:
+        first = await build(1)
+        graph = first.complete()  # type: ignore[attr-defined]
+        try:
+            for n in range(1, 51):
+                if n > 1:
+                    builder = await build(n)
+                    graph.update(builder)
+                    builder.close()  # type: ignore[attr-defined]
+                vready.signal(n)
+                with anyio.fail_after(10):
+                    await acs.launch_graph(graph, stream)
+                assert vdone.value == n
+        finally:
+            graph.close()
+            first.close()  # type: ignore[attr-defined]
+    vready.close()
+    vdone.close()
