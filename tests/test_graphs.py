@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import anyio
 import numpy as np
@@ -16,50 +17,63 @@ from aiocudasem.testing import SimDriver, import_sim_semaphore
 pytestmark = pytest.mark.anyio
 
 
+class _Frames:
+    """A producer thread that writes frame n into a buffer and signals ``ready`` = n once the
+    frame before it is done, a kernel that checks the frame, and the loop that launches one
+    executable graph per frame with its two semaphore nodes set to n."""
+
+    def __init__(self, sim: SimDriver, frames: int = 1000, words: int = 32) -> None:
+        self.frames, self.words = frames, words
+        self.ready, self.producer = import_sim_semaphore(sim)
+        self.done, self.watcher = import_sim_semaphore(sim)
+        self.buffer = np.zeros(words, dtype=np.uint64)
+        self.seen: list[int] = []
+        self.bad: list[int] = []
+
+    def _frame(self, n: int) -> np.ndarray[Any, np.dtype[np.uint64]]:
+        return np.arange(self.words, dtype=np.uint64) + n
+
+    def check(self) -> None:
+        n = int(self.buffer[0])
+        self.seen.append(n)
+        if not (self.buffer == self._frame(n)).all():
+            self.bad.append(n)
+
+    def _produce(self) -> None:
+        for n in range(1, self.frames + 1):
+            if not self.watcher.block_until(n - 1, timeout=30):  # frame n-1 was checked
+                return
+            self.buffer[:] = self._frame(n)
+            self.producer.signal(n)
+
+    async def launch_all(self, graph_exec: int, wait: int, signal: int, stream: acs.Stream) -> None:
+        thread = threading.Thread(target=self._produce, daemon=True)
+        thread.start()
+        with anyio.fail_after(60):
+            for n in range(1, self.frames + 1):
+                acs.set_wait_node(graph_exec, wait, acs.Wait(self.ready, n))
+                acs.set_signal_node(graph_exec, signal, acs.Signal(self.done, n))
+                await acs.launch_graph(graph_exec, stream)
+                assert self.watcher.value == n
+        thread.join(10)
+        assert self.seen == list(range(1, self.frames + 1))
+        assert self.bad == []
+
+
 async def test_one_graph_launched_1000_times_advances_its_values(sim: SimDriver) -> None:
     """A producer thread writes frame n and signals ready = n; one graph (wait for ready,
     a kernel that checks the frame, signal done) is launched once per frame, with the values
     of its two semaphore nodes set to n before each launch."""
-    frames, words = 1000, 32
-    ready, producer = import_sim_semaphore(sim)
-    done, watcher = import_sim_semaphore(sim)
-    buffer = np.zeros(words, dtype=np.uint64)
-    seen: list[int] = []
-    bad: list[int] = []
-
-    def check() -> None:
-        n = int(buffer[0])
-        seen.append(n)
-        if not (buffer == np.arange(words, dtype=np.uint64) + n).all():
-            bad.append(n)
-
+    f = _Frames(sim)
     graph = sim.graph_create()
-    wait = acs.add_wait_node(graph, acs.Wait(ready, 1))
-    kernel = sim.graph_add_kernel(graph, check, after=[wait])
-    signal = acs.add_signal_node(graph, [acs.Signal(done, 1)], after=[kernel])
+    wait = acs.add_wait_node(graph, acs.Wait(f.ready, 1))
+    kernel = sim.graph_add_kernel(graph, f.check, after=[wait])
+    signal = acs.add_signal_node(graph, [acs.Signal(f.done, 1)], after=[kernel])
     graph_exec = sim.graph_instantiate(graph)  # the graph stays: its nodes are set below
-
-    def produce() -> None:
-        for n in range(1, frames + 1):
-            if not watcher.block_until(n - 1, timeout=30):  # frame n-1 was checked
-                return
-            buffer[:] = np.arange(words, dtype=np.uint64) + n
-            producer.signal(n)
-
-    thread = threading.Thread(target=produce, daemon=True)
-    thread.start()
-    async with ready, done, acs.open_stream(driver=sim) as stream:
-        with anyio.fail_after(60):
-            for n in range(1, frames + 1):
-                acs.set_wait_node(graph_exec, wait, acs.Wait(ready, n))
-                acs.set_signal_node(graph_exec, signal, acs.Signal(done, n))
-                await acs.launch_graph(graph_exec, stream)
-                assert watcher.value == n
-    thread.join(10)
+    async with f.ready, f.done, acs.open_stream(driver=sim) as stream:
+        await f.launch_all(graph_exec, wait, signal, stream)
     sim.graph_exec_destroy(graph_exec)
     sim.graph_destroy(graph)
-    assert seen == list(range(1, frames + 1))
-    assert bad == []
 
 
 async def test_the_nodes_of_a_destroyed_graph_cannot_be_set(sim: SimDriver) -> None:
@@ -206,49 +220,20 @@ async def test_a_captured_handoff_drives_1000_launches_of_one_graph(sim: SimDriv
     """A hand-off section on a capturing stream becomes the graph's wait and signal nodes,
     around the kernel captured inside it; wait_nodes()/signal_nodes() find them, and each of
     1,000 launches gets its frame's values and checks its frame."""
-    frames, words = 1000, 32
-    ready, producer = import_sim_semaphore(sim)
-    done, watcher = import_sim_semaphore(sim)
-    buffer = np.zeros(words, dtype=np.uint64)
-    seen: list[int] = []
-    bad: list[int] = []
-
-    def check() -> None:
-        n = int(buffer[0])
-        seen.append(n)
-        if not (buffer == np.arange(words, dtype=np.uint64) + n).all():
-            bad.append(n)
-
-    def produce() -> None:
-        for n in range(1, frames + 1):
-            if not watcher.block_until(n - 1, timeout=30):
-                return
-            buffer[:] = np.arange(words, dtype=np.uint64) + n
-            producer.signal(n)
-
-    async with ready, done, acs.open_stream(driver=sim) as stream:
+    f = _Frames(sim)
+    async with f.ready, f.done, acs.open_stream(driver=sim) as stream:
         sim.begin_capture(stream.handle)
         with anyio.fail_after(5):  # the exit does not wait: nothing runs during capture
-            async with stream.handoff(acs.Wait(ready, 1), acs.Signal(done, 1)):
-                sim.launch(stream.handle, check)
+            async with stream.handoff(acs.Wait(f.ready, 1), acs.Signal(f.done, 1)):
+                sim.launch(stream.handle, f.check)
         graph = sim.end_capture(stream.handle)
-        assert seen == [] and watcher.value == 0  # captured, not run
+        assert f.seen == [] and f.watcher.value == 0  # captured, not run
         [wait] = acs.wait_nodes(graph, driver=sim)
         [signal] = acs.signal_nodes(graph, driver=sim)
         graph_exec = sim.graph_instantiate(graph)
-        thread = threading.Thread(target=produce, daemon=True)
-        thread.start()
-        with anyio.fail_after(60):
-            for n in range(1, frames + 1):
-                acs.set_wait_node(graph_exec, wait, acs.Wait(ready, n))
-                acs.set_signal_node(graph_exec, signal, acs.Signal(done, n))
-                await acs.launch_graph(graph_exec, stream)
-                assert watcher.value == n
-        thread.join(10)
+        await f.launch_all(graph_exec, wait, signal, stream)
     sim.graph_exec_destroy(graph_exec)
     sim.graph_destroy(graph)
-    assert seen == list(range(1, frames + 1))
-    assert bad == []
 
 
 async def test_captured_enqueues_become_nodes_in_order(sim: SimDriver) -> None:
