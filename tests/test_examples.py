@@ -189,6 +189,24 @@ def test_foreign_library_examples(module: str) -> None:
     assert out.splitlines()[-1] == "done", out
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize(
+    "producer",
+    ["sim"] + [pytest.param(lib, marks=pytest.mark.gpu) for lib in ("torch", "cupy")],
+)
+def test_dlpack_ready(producer: str, backend: str) -> None:
+    if producer != "sim":
+        pytest.importorskip(producer)
+    out = run_example("dlpack_ready.py", "--producer", producer, "--backend", backend).stdout
+    lines = out.splitlines()
+    assert lines[-2:] == ["the producer's work was complete: True", "done"], out
+    first = re.match(r"ready\(\) returned after (\d+) ms", lines[0])
+    assert first is not None, out
+    took = float(first.group(1))
+    if producer == "sim":
+        assert took >= 150, out  # the simulated producer's work takes 200 ms
+
+
 def test_observability() -> None:
     proc = run_example("observability.py")
     lines = proc.stdout.splitlines()
