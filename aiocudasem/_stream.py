@@ -242,8 +242,9 @@ class Stream(OnDevice):
 
         ``waits`` and ``signals`` are each one entry or a list or tuple of them. Entering
         enqueues the waits; the body enqueues GPU work; a normal exit enqueues the signals and
-        waits until the stream has passed them. A section is entered once: make a new one for
-        each.
+        waits until the stream has passed them (on a stream that is capturing a CUDA graph it
+        does not wait: the section becomes the graph's nodes; see :class:`HandOff`). A section
+        is entered once: make a new one for each.
 
         The entries are checked now, and nothing is enqueued until the section is entered:
         raises as :meth:`enqueue_wait` does (``anyio.ClosedResourceError`` for a closed
