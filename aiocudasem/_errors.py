@@ -92,6 +92,10 @@ class CudaError(AiocudasemError):
         #: The symbolic name of ``status``, for example ``CUDA_ERROR_INVALID_HANDLE``.
         self.name = name
 
+    def _explained(self, why: str) -> CudaError:
+        """This error with ``why`` after its message: the same type, status and name."""
+        return type(self)(f"{self}: {why}", self.status, self.name)
+
 
 class DeviceFaultError(CudaError):
     """The device context hit a sticky error (a trapped kernel, an illegal address, a launch

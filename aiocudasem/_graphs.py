@@ -2,12 +2,12 @@
 awaitable launch.
 
 A graph is CUDA's (``CUgraph``) and so is its executable form (``CUgraphExec``): make them with
-cuda.core, the bindings or stream capture, and pass them here as raw handles or as objects that
-carry one (``.handle``). cuda.core's graph builders have no semaphore node type; these
-functions add one to the graph underneath. Each node takes the same :class:`Wait` and
-:class:`Signal` entries as a stream, checked the same way. A stream capture turns the waits
-and signals enqueued on the capturing stream (hand-off sections included) into the same nodes;
-:func:`wait_nodes` and :func:`signal_nodes` find them.
+the bindings or by stream capture (cuda.core's ``GraphBuilder`` included), and pass them here as
+raw handles or as objects that carry one (``.handle``). The node helpers add semaphore nodes to
+a graph built node by node; each takes the same :class:`Wait` and :class:`Signal` entries as a
+stream, checked the same way. A stream capture turns the waits and signals enqueued on the
+capturing stream (hand-off sections included) into the same nodes; :func:`wait_nodes` and
+:func:`signal_nodes` find them.
 
 A node is named by its handle in the graph, so the graph must outlive every
 :func:`set_wait_node`/:func:`set_signal_node` on its executable graph: CUDA refuses the node of
@@ -153,12 +153,10 @@ def _set_node(
         if exc.status != _INVALID_VALUE:
             raise
         kind = "signal" if signal else "wait"
-        raise CudaError(
-            f"{exc}: the node is not a {kind} node of the graph that graph_exec was instantiated "
+        raise exc._explained(
+            f"the node is not a {kind} node of the graph that graph_exec was instantiated "
             f"from, it has another number of semaphores than {len(entries)}, or that graph "
-            "was destroyed (keep the graph while you set its executable graph's nodes)",
-            exc.status,
-            exc.name,
+            "was destroyed (keep the graph while you set its executable graph's nodes)"
         ) from None
 
 

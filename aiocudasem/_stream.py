@@ -447,12 +447,10 @@ class Event(Owned):
         except CudaError as exc:
             if exc.status != _CAPTURED_EVENT:
                 raise
-            raise CudaError(
-                f"{exc}: the event was recorded on a stream that was capturing a CUDA graph, so "
-                "it marks a point in the graph, not work that will complete; record it outside "
-                "capture, or await aiocudasem.launch_graph() of the graph",
-                exc.status,
-                exc.name,
+            raise exc._explained(
+                "the event was recorded on a stream that was capturing a CUDA graph, so it "
+                "marks a point in the graph, not work that will complete; record it outside "
+                "capture, or await aiocudasem.launch_graph() of the graph"
             ) from None
 
     def close(self) -> None:
@@ -492,15 +490,18 @@ def _capturing(drv: Driver, handle: int) -> bool:
 
 
 def _capturing_error(exc: CudaError | None) -> CudaError:
-    """The error for an await of a capturing stream; ``exc`` is the query's, which has
-    invalidated the capture."""
-    what = "the query has invalidated the capture" if exc else "the capture is intact"
-    return CudaError(
-        f"{exc or 'the stream is capturing'}: the stream is capturing a CUDA graph, so nothing "
-        f"on it runs until the graph is launched, and there is nothing to await ({what}). End "
-        "the capture, instantiate the graph and await aiocudasem.launch_graph() instead",
-        exc.status if exc else _CAPTURE_UNSUPPORTED,
-        exc.name if exc else "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+    """The error for an await of a capturing stream: ``exc`` is the query's, which has
+    invalidated the capture; None where the library asked first."""
+    what = "the query has invalidated the capture"
+    if exc is None:
+        what = "the capture is intact"
+        exc = CudaError(
+            "the stream is capturing", _CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+        )
+    return exc._explained(
+        "the stream is capturing a CUDA graph, so nothing on it runs until the graph is "
+        f"launched, and there is nothing to await ({what}). End the capture, instantiate the "
+        "graph and await aiocudasem.launch_graph() instead"
     )
 
 
