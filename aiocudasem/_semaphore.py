@@ -115,7 +115,7 @@ class ExternalSemaphore(OnDevice):
         in a worker thread and this waits for it without blocking the event loop. Cancelling
         abandons that wait; the semaphore is still destroyed once the device allows it.
         """
-        if self._finalizer.detach() is None:
+        if not self._claim():
             await anyio.lowlevel.checkpoint()
             return
         await _release.in_worker(

@@ -267,9 +267,8 @@ class Stream(OnDevice):
         checkpoint, never later work: it never ends early, and ends late by at most that.
         """
         # The hot path of the library: every line here costs each await of short work.
-        finalizer = self._finalizer
-        if not finalizer.alive:
-            self.handle  # noqa: B018 - closed: ClosedResourceError
+        if not self._open:
+            raise self._closed_error()
         notifier = current_notifier()
         handle = self._handle
         drv = self._driver
@@ -279,8 +278,8 @@ class Stream(OnDevice):
             # and such an await costs no event.
             started = _clock()
             await notifier.checkpoint()
-            if not finalizer.alive:
-                self.handle  # noqa: B018 - closed by another task: ClosedResourceError
+            if not self._open:
+                raise self._closed_error()  # closed by another task during the checkpoint
             try:
                 done = drv.stream_query(handle)
             except DeviceFaultError as exc:

@@ -240,7 +240,7 @@ class HostTimeline(OnDevice):
 
         A GPU wait that is never satisfied keeps the page, and this waits for it; cancelling
         this leaves the release to a worker thread, as :meth:`close` does."""
-        if self._finalizer.detach() is None:
+        if not self._claim():
             await anyio.lowlevel.checkpoint()
             return
         await _release.in_worker(

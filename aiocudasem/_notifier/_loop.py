@@ -735,16 +735,29 @@ def running_notifier() -> Notifier | None:
     return None if n is None or n.closed else n
 
 
-#: The notifier this thread used last: found again without anyio's backend lookup.
-_here = threading.local()
+class _Here(threading.local):
+    #: The notifier this thread used last: found again without anyio's backend lookup.
+    notifier: Notifier | None = None
+
+
+_here = _Here()
+_deferred = _release._deferred  # releases that wait for a loop to run them (see _release)
 
 
 def current_notifier() -> Notifier:
     """The notifier of the running event loop, created on first use and closed when the loop
     ends."""
-    if _release._deferred:
+    n = _here.notifier
+    if n is not None and not _deferred and n._serves_running_loop():
+        return n
+    return _find_notifier()
+
+
+def _find_notifier() -> Notifier:
+    """:func:`current_notifier` the long way: after deferred releases, through anyio."""
+    if _deferred:
         _release.flush()
-    n: Notifier | None = getattr(_here, "notifier", None)
+    n = _here.notifier
     if n is not None and n._serves_running_loop():
         return n
     backend = get_async_backend()
