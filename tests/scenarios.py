@@ -1073,6 +1073,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
                 vk.close()
 
     if names == ["sigint-child"]:
+        # Ctrl-C as in an interactive shell, however the suite was started: a process started
+        # in the background by a non-interactive shell (`pytest ... &`) inherits SIGINT
+        # ignored, Python then installs no handler, and neither does the loop's runner.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         # trio delivers KeyboardInterrupt into the task group, which wraps it in an exception
         # group; asyncio's runner raises it bare. Both count; anything else alongside does not.
         try:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import inspect
 import os
 import resource
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from typing import Any, Final
 
 import anyio
@@ -225,17 +226,19 @@ class Bench:
                 peak_fds = max(peak_fds, len(os.listdir("/proc/self/fd")))
                 await anyio.sleep(0.002)
 
+        pauses = GcPauses()
         t0 = time.perf_counter()
         for h in hs:
             self.launch(h, kernel_ns)
-        with anyio.fail_after(120):
+        with pauses, anyio.fail_after(120):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(watch)
                 for i in range(waiters):
                     tg.start_soon(one, hs[i % nstreams], t0)
                 if collect:
                     await all_started.wait()
-                    gc.collect()
+                    with pauses.ignored():
+                        gc.collect()
                     collected = time.perf_counter() - t0 < kernel_s
         from_t0 = [t / US for t in lat]
         after_end = [(t - kernel_s) / US for t in lat]
@@ -251,7 +254,50 @@ class Bench:
             "p99_us": pct(from_t0, 99),
             "after_end_p50_us": statistics.median(after_end),
             "after_end_p99_us": pct(after_end, 99),
+            # The garbage collector's own pauses in the crowd's time (the explicit collection
+            # of ``collect`` left out): full collections and milliseconds, of all generations.
+            "gc_full": pauses.full,
+            "gc_full_ms": pauses.full_s * 1e3,
+            "gc_ms": pauses.all_s * 1e3,
         }
+
+
+class GcPauses:
+    """Counts the garbage collector's pauses while in a ``with`` block (``gc.callbacks``):
+    how many full (generation 2) collections ran, and how long they and all of them took.
+    A collection begun inside ``ignored()`` is left out."""
+
+    def __init__(self) -> None:
+        self.full = 0
+        self.full_s = self.all_s = 0.0
+        self._began: float | None = None
+        self._ignoring = False
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = None if self._ignoring else time.perf_counter()
+        elif self._began is not None:
+            took = time.perf_counter() - self._began
+            self._began = None
+            self.all_s += took
+            if info["generation"] == 2:
+                self.full += 1
+                self.full_s += took
+
+    @contextlib.contextmanager
+    def ignored(self) -> Iterator[None]:
+        self._ignoring = True
+        try:
+            yield
+        finally:
+            self._ignoring = False
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
 
 
 #: The approaches measured on streams of several devices (``--devices``): those that take any

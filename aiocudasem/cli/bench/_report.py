@@ -232,6 +232,7 @@ def _crowd_table(results: dict[str, Any], sums: dict[str, Any]) -> list[str]:
         rows.append(
             f"| {e['label']} | {woke}/{runs[0]['many']['waiters']} | {fds} | {rss:.1f} MiB "
             f"| {spread(f.get('many_p50_ms'), '.1f')} / {spread(f.get('many_p99_ms'), '.1f')} ms "
+            f"| {_gc_pauses([r['many'] for r in runs])} "
             f"| {min(parked) if parked else 'n/a'} "
             f"| {_collected(collected)} "
             f"| {spread(f.get('parked_p50_ms'), '.1f')} / {spread(f.get('parked_p99_ms'), '.1f')} "
@@ -253,14 +254,29 @@ def _crowd_table(results: dict[str, Any], sums: dict[str, Any]) -> list[str]:
         "GPU's nanosecond clock), and measures how a parked crowd is woken. Once every coroutine "
         "of the parked crowd has started, a full garbage collection runs, for every approach "
         "alike: starting 10,000 tasks makes one due, which would otherwise land in whichever "
-        "approach allocates first after the kernels end, and take 100-300 ms there.",
+        "approach allocates first after the kernels end, and take 100-300 ms there. The "
+        "collector's pauses during the short crowd are given for each approach: full "
+        "collections in a run (the fewest and the most) and the milliseconds of all "
+        "collections (median [min-max]), which are part of its figures.",
         "",
         "| approach | woke (fewest in a run) | extra fds (peak) | RSS growth (most) "
-        "| short kernels: p50 / p99 from launch | parked before the end (fewest) "
+        "| short kernels: p50 / p99 from launch | short kernels: the collector's pauses "
+        "| parked before the end (fewest) "
         "| collected before the end (runs) | parked: p50 / p99 after the kernel ends |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
         *rows,
     ]
+
+
+def _gc_pauses(crowds: list[dict[str, Any]]) -> str:
+    """The collector's pauses during a crowd, over the runs (runs from before the benchmark
+    measured them have none)."""
+    measured = [m for m in crowds if "gc_ms" in m]
+    if not measured:
+        return "n/a"
+    full = [m["gc_full"] for m in measured]
+    counts = f"{min(full)}" if min(full) == max(full) else f"{min(full)}-{max(full)}"
+    return f"{counts} full, {spread(over_runs([m['gc_ms'] for m in measured]), '.0f')} ms"
 
 
 def _split_table(results: dict[str, Any], sums: dict[str, Any], devices: int) -> list[str]:
