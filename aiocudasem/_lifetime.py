@@ -47,8 +47,10 @@ class Owned:
     __slots__ = ("__weakref__", "_finalizer", "_handle", "_open")
     _finalizer: weakref.finalize[..., Any]
     _handle: int
-    #: False once closed or detached: the finalizer's ``alive`` as a plain attribute, which the
-    #: hot path of an await reads several times more cheaply than the property.
+    #: False once closed or detached (``_claim()``): the finalizer's ``alive`` as a plain
+    #: attribute, which the hot path of an await reads several times more cheaply than the
+    #: property. Only ``_claim()`` may end an object's life while it is referenced; the
+    #: finalizer's own run at interpreter exit does not clear it, when nothing awaits any more.
     _open: bool
 
     #: The message of ``TypeError`` from the constructor: where to get one instead.

@@ -348,7 +348,7 @@ class Stream(OnDevice):
                 try:
                     await self.wait_complete()
                 except anyio.ClosedResourceError:
-                    if self._finalizer.alive:
+                    if self._open:
                         raise  # the event loop's notifier, not this stream
                     # Closed by another task meanwhile: released already, as asked.
             else:

@@ -88,13 +88,14 @@ def main() -> int:
     p.add_argument(
         "--build", action="store_true", help="build each checkout's C extensions in place first"
     )
-    ns = p.parse_args(shlex.split(os.environ.get("BENCH_AB_ARGS", "")) or sys.argv[1:])
+    ns = p.parse_args(shlex.split(os.environ.get("BENCH_AB_ARGS", "")) + sys.argv[1:])
     if ns.rounds < 1:
         p.error("--rounds must be at least 1")
     sides = {"before": ns.before.resolve(), "after": ns.after.resolve()}
     for label, root in sides.items():
         if not (root / "aiocudasem" / "__init__.py").is_file():
             p.error(f"{label}: {root} holds no aiocudasem/ package")
+    ns.out = ns.out.resolve()  # the runs write it from their own checkout
     ns.out.mkdir(parents=True, exist_ok=True)
     if ns.build:
         for root in sides.values():
@@ -132,18 +133,23 @@ def main() -> int:
                 str(out),
             ]
             with open(ns.out / f"{label}-{r + 1}.log", "w") as log:
-                rc = subprocess.run(
-                    cmd,
-                    cwd=sides[label],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    timeout=ns.timeout,
-                ).returncode
-            if rc != 0:
-                print(f"  {label} round {r + 1} failed (exit {rc}); see its log", flush=True)
+                try:
+                    rc: int | str = subprocess.run(
+                        cmd,
+                        cwd=sides[label],
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        timeout=ns.timeout,
+                    ).returncode
+                except subprocess.TimeoutExpired:
+                    rc = f"no end within {ns.timeout:g} s"
+            results = out / "results.json"
+            if rc != 0 or not results.is_file():
+                why = rc if isinstance(rc, str) else f"exit {rc}" if rc else "no results.json"
+                print(f"  {label} round {r + 1} failed ({why}); see its log", flush=True)
                 continue
-            docs[label].append(json.loads((out / "results.json").read_text()))
+            docs[label].append(json.loads(results.read_text()))
     lines = table(docs, ns.approach, ns.polling)
     for label, runs in docs.items():
         if runs:

@@ -220,7 +220,7 @@ def test_uint64_range_is_enforced(value: int) -> None:
                 acs.Signal(sem, value)
     finally:
         sim.destroy_semaphore(sem.handle)
-        sem._finalizer.detach()
+        sem._claim()
 
 
 # ---------------------------------------------------------------- GPU-side wait and signal
