@@ -179,3 +179,63 @@ def test_bench_without_trio_measures_asyncio_and_says_why_trio_is_missing(
     data = json.loads((out / "results.json").read_text())
     assert data["meta"]["trio_not_measured"] == missing
     assert data["summary"]["trio"] == {}
+
+
+def test_gc_pauses_counts_the_collections_in_its_block_and_not_its_own() -> None:
+    import gc
+
+    from aiocudasem.cli.bench._measure import GcPauses
+
+    callbacks = list(gc.callbacks)
+    with GcPauses() as pauses:
+        gc.collect()  # a full collection: counted
+        with pauses.ignored():
+            gc.collect()  # the benchmark's own: not counted
+        gc.collect(0)  # a young one: in the pause time only
+    assert gc.callbacks == callbacks  # the callback is gone after the block
+    assert pauses.full == 1
+    assert 0 < pauses.full_s <= pauses.all_s
+    gc.collect()  # after the block: not counted
+    assert pauses.full == 1
+
+    with pytest.raises(ZeroDivisionError), GcPauses():
+        1 / 0  # noqa: B018
+    assert gc.callbacks == callbacks  # removed on an exception too
+
+
+def test_the_crowd_table_gives_the_collectors_pauses_and_n_a_for_runs_without_them() -> None:
+    from aiocudasem.cli.bench._report import _gc_pauses
+
+    def crowd(full: int, ms: float) -> dict[str, float]:
+        return {"gc_full": full, "gc_full_ms": ms, "gc_ms": ms + 10}
+
+    assert _gc_pauses([crowd(2, 300), crowd(3, 400), crowd(2, 350)]) == "2-3 full, 360 [310-410] ms"
+    assert _gc_pauses([crowd(1, 100)]) == "1 full, 110 ms"
+    assert _gc_pauses([{"p50_us": 1.0}]) == "n/a"  # a run from before they were measured
+
+
+def test_bench_ab_tables_two_versions_with_per_round_ratios() -> None:
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "bench-ab.py"
+    spec = importlib.util.spec_from_file_location("bench_ab", path)
+    assert spec is not None and spec.loader is not None
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+
+    def run(ours: float, polling: float) -> dict[str, object]:
+        def fig(v: float) -> dict[str, dict[str, float]]:
+            return {"awaits_per_s_1": {"median": v}, "cpu_parked": {"median": 0.001}}
+
+        return {"summary": {"aiocudasem": fig(ours), "poll0": fig(polling), "trio": {}}}
+
+    docs = {"before": [run(90, 100), run(80, 100)], "after": [run(110, 100), run(120, 100)]}
+    lines = ab.table(docs, "aiocudasem", "poll0")
+    row = next(x for x in lines if x.startswith("| awaits/s, 1 stream, asyncio |"))
+    assert row.split(" | ")[1:3] == ["85 [80-90]", "115 [110-120]"]
+    ratio = next(x for x in lines if x.startswith("| awaits/s vs polling, 1 stream, asyncio"))
+    assert "0.85 [0.80-0.90] x" in ratio and "1.15 [1.10-1.20] x" in ratio
+    cpu = next(x for x in lines if x.startswith("| CPU, 1,000 parked"))
+    assert "0.100" in cpu  # cores as % of a core
+    trio = next(x for x in lines if x.startswith("| awaits/s, 1 stream, trio |"))
+    assert "n/a" in trio  # no trio figures in these runs
