@@ -23,12 +23,13 @@ import argparse
 import json
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from aiocudasem.cli.bench import _report
 
 #: (label, how to get the figure from one run's results.json, format, larger is better)
 FIGURES: list[tuple[str, str, str, bool]] = [
@@ -67,12 +68,8 @@ def figure(doc: dict[str, Any], approach: str, key: str) -> float | None:
 
 
 def spread(values: list[float], spec: str) -> str:
-    if not values:
-        return "n/a"
-    return (
-        f"{format(statistics.median(values), spec)} "
-        f"[{format(min(values), spec)}-{format(max(values), spec)}]"
-    )
+    """``median [min-max]`` of the rounds, as the benchmark's own page gives a figure."""
+    return _report.spread(_report.over_runs(values) if values else None, spec)
 
 
 def main() -> int:
