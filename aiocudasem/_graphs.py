@@ -104,10 +104,7 @@ def add_wait_node(
     :class:`CudaError` if the driver refuses (a destroyed graph, an unknown node in
     ``after``)."""
     entries = entry_list("add_wait_node() waits", (waits,), Wait)
-    drv = _driver(entries)
-    return drv.graph_add_semaphore_node(
-        _handle(graph, "graph"), _dependencies(after), [w._op() for w in entries], False
-    )
+    return _add_node(graph, entries, after, signal=False)
 
 
 def add_signal_node(
@@ -117,9 +114,19 @@ def add_signal_node(
     :meth:`Stream.enqueue_signal` (``cuGraphAddExternalSemaphoresSignalNode``), after the
     nodes in ``after``; returns the node's handle. Raises as :func:`add_wait_node` does."""
     entries = entry_list("add_signal_node() signals", (signals,), Signal)
+    return _add_node(graph, entries, after, signal=True)
+
+
+def _add_node(
+    graph: object,
+    entries: tuple[Wait, ...] | tuple[Signal, ...],
+    after: Sequence[object],
+    *,
+    signal: bool,
+) -> int:
     drv = _driver(entries)
     return drv.graph_add_semaphore_node(
-        _handle(graph, "graph"), _dependencies(after), [s._op() for s in entries], True
+        _handle(graph, "graph"), _dependencies(after), [e._op() for e in entries], signal
     )
 
 
