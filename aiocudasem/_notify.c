@@ -363,15 +363,82 @@ static PyTypeObject NotifierType = {
     .tp_getset = Notifier_getset,
 };
 
+
+/* ------------------------------------------------------------------ the asyncio checkpoint */
+
+/* What asyncio.sleep(0) does at its heart: one bare yield, which an asyncio task takes as "run
+ * me again on the loop's next pass". yield_once() returns a fresh awaitable that is its own
+ * iterator: the first step yields None, the next ends it. Unlike a generator it holds no
+ * references, so the garbage collector does not track it: an await that passes a checkpoint
+ * leaves nothing for the collector to count or traverse. A task cancelled meanwhile throws into
+ * the awaiting coroutine, where the exception is raised at the await (this iterator has no
+ * throw() of its own). */
+
+typedef struct {
+    PyObject_HEAD
+    int yielded;
+} YieldObject;
+
+static PyTypeObject YieldType;
+
+static PyObject *yield_once(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
+    YieldObject *y = PyObject_New(YieldObject, &YieldType);
+    if (y != NULL) y->yielded = 0;
+    return (PyObject *)y;
+}
+
+static PyObject *Yield_self(PyObject *self) {
+    Py_INCREF(self);
+    return self;
+}
+
+static PyObject *Yield_next(YieldObject *self) {
+    if (self->yielded) return NULL; /* exhausted: StopIteration, no value */
+    self->yielded = 1;
+    Py_RETURN_NONE;
+}
+
+static PySendResult Yield_send(YieldObject *self, PyObject *Py_UNUSED(arg), PyObject **result) {
+    Py_INCREF(Py_None);
+    *result = Py_None;
+    if (self->yielded) return PYGEN_RETURN;
+    self->yielded = 1;
+    return PYGEN_NEXT;
+}
+
+static PyAsyncMethods Yield_async = {
+    .am_await = Yield_self,
+    .am_send = (sendfunc)Yield_send,
+};
+
+static PyTypeObject YieldType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aiocudasem._notify.Yield",
+    .tp_basicsize = sizeof(YieldObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One bare yield to an asyncio task (see yield_once()).",
+    .tp_as_async = &Yield_async,
+    .tp_iter = Yield_self,
+    .tp_iternext = (iternextfunc)Yield_next,
+};
+
+static PyMethodDef module_methods[] = {
+    {"yield_once", yield_once, METH_NOARGS,
+     "yield_once() -> Awaitable[None]: one bare yield to an asyncio task, as asyncio.sleep(0)."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef notify_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "aiocudasem._notify",
     .m_doc = "GIL-free CUDA host function and completion queue.",
     .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC PyInit__notify(void) {
     if (PyType_Ready(&NotifierType) < 0) return NULL;
+    if (PyType_Ready(&YieldType) < 0) return NULL;
     PyObject *m = PyModule_Create(&notify_module);
     if (!m) return NULL;
     Py_INCREF(&NotifierType);

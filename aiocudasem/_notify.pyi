@@ -1,3 +1,4 @@
+from collections.abc import Awaitable
 from typing import Final
 
 HOST_FN: Final[int]
@@ -15,3 +16,7 @@ class Notifier:
     def stats(self) -> dict[str, int]: ...
     @property
     def closed(self) -> bool: ...
+
+def yield_once() -> Awaitable[None]:
+    """One bare yield to an asyncio task, as ``asyncio.sleep(0)`` makes: a fresh awaitable that
+    the garbage collector does not track."""

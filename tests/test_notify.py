@@ -478,3 +478,68 @@ def test_fd_is_nonblocking_and_cloexec(notifier: Notifier) -> None:
     assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK
     assert fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
     assert not os.get_inheritable(fd)
+
+
+# ------------------------------------------------------------------ the asyncio checkpoint
+
+
+def test_yield_once_yields_none_once_and_is_not_tracked_by_the_collector() -> None:
+    import gc
+    import inspect
+
+    from aiocudasem._notify import yield_once
+
+    y = yield_once()
+    assert not gc.is_tracked(y)  # an await that passes it leaves nothing for the collector
+    assert inspect.isawaitable(y)
+    it = y.__await__()
+    assert it is y
+    assert next(it) is None  # the bare yield an asyncio task takes as "run me again"
+    with pytest.raises(StopIteration) as stop:
+        next(it)
+    assert stop.value.value is None
+    with pytest.raises(StopIteration):
+        next(it)  # and stays exhausted
+    assert yield_once() is not yield_once()  # a fresh one each: no state shared between awaits
+
+
+def test_yield_once_is_a_checkpoint_of_an_asyncio_task() -> None:
+    """Each await lets the other tasks run once, as ``asyncio.sleep(0)`` does; a cancellation
+    meanwhile is raised at the await, inside the awaiting coroutine."""
+    import asyncio
+
+    from aiocudasem._notify import yield_once
+
+    async def main() -> None:
+        order: list[str] = []
+
+        async def a() -> None:
+            for i in range(3):
+                order.append(f"a{i}")
+                await yield_once()
+
+        async def b() -> None:
+            for i in range(3):
+                order.append(f"b{i}")
+                await asyncio.sleep(0)
+
+        await asyncio.gather(a(), b())
+        assert order == ["a0", "b0", "a1", "b1", "a2", "b2"]
+
+        seen: list[str] = []
+
+        async def parked() -> None:
+            try:
+                await yield_once()
+            except asyncio.CancelledError:
+                seen.append("raised at the await")
+                raise
+
+        task = asyncio.ensure_future(parked())
+        await asyncio.sleep(0)  # the task now sits at its yield
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert seen == ["raised at the await"]
+
+    asyncio.run(main())

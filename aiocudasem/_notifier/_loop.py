@@ -11,9 +11,8 @@ import operator
 import os
 import threading
 import time
-import types
 import weakref
-from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -832,21 +831,14 @@ def _running_check(library: str | None, token: object) -> Callable[[], bool]:
     return _never
 
 
-@types.coroutine
-def _yield_to_asyncio() -> Generator[None, None, None]:
-    """What ``asyncio.sleep(0)`` does, without the coroutine around it: a bare ``yield``,
-    which the task takes as "run me again on the next pass of the loop"."""
-    yield
-
-
 def _checkpoint_of(
     library: str | None, backend: type[AsyncBackend]
 ) -> Callable[[], Awaitable[Any]]:
     """The backend's checkpoint, called natively where it is known to be exactly what anyio's
-    runs (asyncio: the bare ``yield`` of ``asyncio.sleep(0)``; trio:
-    ``trio.lowlevel.checkpoint()``)."""
+    runs (asyncio: the bare ``yield`` of ``asyncio.sleep(0)``, here from C, with no coroutine
+    or generator for the garbage collector to track; trio: ``trio.lowlevel.checkpoint()``)."""
     if library == "asyncio":
-        return _yield_to_asyncio
+        return _notify.yield_once
     if library == "trio":
         import trio
 
