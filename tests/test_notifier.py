@@ -493,6 +493,34 @@ async def test_waits_share_only_a_live_point_of_their_own_loop(sim: SimDriver) -
     assert notifier.shared_point(history, 1.0) is None
 
 
+async def test_the_waiters_of_an_armed_point_park_on_it_directly(
+    sim: SimDriver, parked: None
+) -> None:
+    """A crowd's waiters that share an armed point are parked by ``_park()`` itself: one
+    coroutine per waiter fewer for the loop to resume when the crowd wakes. The waiter joins
+    the point only once it runs: a coroutine closed unstarted leaves no trace."""
+    from aiocudasem._notifier import Notifier, current_notifier
+
+    notifier = current_notifier()
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(s.wait_complete)
+            await anyio.wait_all_tasks_blocked()
+            point = s._history.newest
+            assert point is not None and point.token and point.waiting == 5
+            direct = notifier.wait(point)
+            assert direct.cr_code is Notifier._park.__code__
+            direct.close()
+            assert point.waiting == 5
+            gate.set()
+        assert point.done
+        later = notifier.wait(point)  # done: the general path, which passes a checkpoint
+        assert later.cr_code is Notifier._wait.__code__
+        await later
+
+
 async def test_cancelling_the_waiter_that_recorded_a_shared_point_keeps_the_others(
     sim: SimDriver, parked: None
 ) -> None:

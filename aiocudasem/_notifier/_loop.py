@@ -12,7 +12,13 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from collections.abc import (
+    AsyncGenerator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+)
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -253,10 +259,19 @@ class Notifier:
             return point
         return None
 
-    async def wait(self, point: Point) -> None:
+    def wait(self, point: Point) -> Coroutine[Any, Any, None]:
         """Wait until ``point`` completes. Always a checkpoint. Raises what the point failed
         with (``DeviceFaultError`` after a device fault). Cancellation abandons the wait
-        only: the point stays armed and other waiters keep their wake-ups."""
+        only: the point stays armed and other waiters keep their wake-ups.
+
+        A point that this loop armed already (a crowd's shared point) is parked on directly:
+        the coroutine returned is ``_park()`` itself, so each waiter of a crowd has one
+        coroutine less to resume when the crowd is woken."""
+        if point.token and not point.done and point.owner is self._ref:
+            return self._park(point, joined=True)
+        return self._wait(point)
+
+    async def _wait(self, point: Point) -> None:
         if not point.done and not self._may_own(point):
             await self._backend.checkpoint_if_cancelled()
             raise _busy_elsewhere()
@@ -450,8 +465,12 @@ class Notifier:
         self._chains[key] = dict.fromkeys(remaining)
         self._launch(remaining[0])
 
-    async def _park(self, point: Point) -> None:
-        """Sleep until ``point`` is done, as the loop's drainer whenever nobody else is."""
+    async def _park(self, point: Point, joined: bool = False) -> None:
+        """Sleep until ``point`` is done, as the loop's drainer whenever nobody else is.
+        ``joined``: this coroutine is a waiter of ``point`` from here on (see :meth:`wait`):
+        it leaves the point at the end, and raises what the point failed with."""
+        if joined:
+            point.waiting += 1
         sleeping = self._sleeping
         count = sleeping.get(point, 0)
         sleeping[point] = count + 1
@@ -480,38 +499,44 @@ class Notifier:
                     if self._heir is sleeper:
                         self._heir = None
         finally:
-            self._asleep -= 1
-            if self._heir is sleeper:
-                self._heir = None
-            if not sleeper.done():
-                # Left without being woken (the drainer, or a wait that failed): a relay that
-                # reaches it skips it, rather than spend a place of its run on it.
-                sleeper.cancel()
-            if not point.done:
-                sleepers.pop(sleeper, None)
-            # Unless the point's _finish() here settled the accounts of all its sleepers:
-            left = sleeping.get(point)
-            if left is not None:
-                if left > 1:
-                    sleeping[point] = left - 1
-                else:
-                    del sleeping[point]
-                    self._unwatch(point)
-            if self._relayed:  # a woken crowd's relay (see _relay_batch()), counted loosely:
-                # a coroutine woken otherwise counts too, which only wakes the next run sooner
-                self._relayed -= 1
-                if self._relaying and self._relayed <= _RELAY_LOW:
-                    self._relay()
-            if not self.closed:
-                # Deliver what is queued before leaving. Nobody may be draining right now: this
-                # coroutine may have been cancelled before it drained, and the next drainer may
-                # be cancelled too. And if one is, it sleeps on the fd, which the loop looks at
-                # only between its passes over the ready tasks: after a crowd's wake-up,
-                # thousands of them. So whoever leaves first delivers what arrived meanwhile.
-                if self._check or self._c.queued():
-                    self._collect()
-                if not self._draining:
-                    self._hand_off()  # then hand the role on
+            try:
+                self._asleep -= 1
+                if self._heir is sleeper:
+                    self._heir = None
+                if not sleeper.done():
+                    # Left without being woken (the drainer, or a wait that failed): a relay that
+                    # reaches it skips it, rather than spend a place of its run on it.
+                    sleeper.cancel()
+                if not point.done:
+                    sleepers.pop(sleeper, None)
+                # Unless the point's _finish() here settled the accounts of all its sleepers:
+                left = sleeping.get(point)
+                if left is not None:
+                    if left > 1:
+                        sleeping[point] = left - 1
+                    else:
+                        del sleeping[point]
+                        self._unwatch(point)
+                if self._relayed:  # a woken crowd's relay (see _relay_batch()), counted loosely:
+                    # a coroutine woken otherwise counts too, which only wakes the next run sooner
+                    self._relayed -= 1
+                    if self._relaying and self._relayed <= _RELAY_LOW:
+                        self._relay()
+                if not self.closed:
+                    # Deliver what is queued before leaving. Nobody may be draining right now: this
+                    # coroutine may have been cancelled before it drained, and the next drainer may
+                    # be cancelled too. And if one is, it sleeps on the fd, which the loop looks at
+                    # only between its passes over the ready tasks: after a crowd's wake-up,
+                    # thousands of them. So whoever leaves first delivers what arrived meanwhile.
+                    if self._check or self._c.queued():
+                        self._collect()
+                    if not self._draining:
+                        self._hand_off()  # then hand the role on
+            finally:
+                if joined:
+                    self._leave(point)
+        if joined and point.error is not None:
+            point._raise_if_failed()
 
     async def _drain(self, point: Point) -> None:
         """Be the drainer until ``point`` is done: sleep on the fd, deliver completions."""
