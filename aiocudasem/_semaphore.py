@@ -19,7 +19,7 @@ from ._driver import Driver, SemaphoreDesc, SemOp
 from ._errors import CudaError, UnsupportedHandleTypeError
 from ._handles import HandleInfo, HandleType, info
 from ._lifetime import OnDevice
-from ._notifier import wait_private_stream
+from ._notifier import host_wait_streams, wait_private_stream
 from ._timeline import LIMIT, HostTimeline
 
 if TYPE_CHECKING:
@@ -214,7 +214,9 @@ def import_semaphore(
         raise
     finally:
         del name_buf  # the driver copies the name during the call
-    return ExternalSemaphore._create(drv, device, sem, kind)
+    imported = ExternalSemaphore._create(drv, device, sem, kind)
+    host_wait_streams.reserve(drv, device)  # for its first host-side wait
+    return imported
 
 
 def _descriptor(

@@ -28,6 +28,7 @@ from ._notifier import (
     current_notifier,
     destroy_stream,
     event_pool,
+    prepare_stream,
     record_pooled,
     side_streams,
 )
@@ -80,6 +81,16 @@ class Stream(OnDevice):
 
     @classmethod
     def _create(cls, driver: Driver, device: int, handle: int, owned: bool) -> Self:
+        # The side stream that will carry this stream's host functions, made now rather than
+        # at the first wait that parks, when making it could block (see side_streams.ensure).
+        try:
+            prepare_stream(driver, device, handle)
+        except BaseException:
+            if owned:
+                _release.release_quietly(
+                    partial(driver.stream_destroy, handle), "a stream without its side stream"
+                )
+            raise
         self = object.__new__(cls)
         self._driver = driver
         self._device = device

@@ -30,7 +30,7 @@ from . import _hostword, _release
 from ._checks import check_uint, resolve_device
 from ._errors import AiocudasemError, DeviceFaultError, DriverUnavailableError
 from ._lifetime import OnDevice
-from ._notifier import wait_private_stream
+from ._notifier import host_wait_streams, wait_private_stream
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -377,10 +377,12 @@ def create_host_timeline(
     drv, ordinal = resolve_device(device, driver)
     fd = _new_fd(start)
     try:
-        return HostTimeline._create(drv, ordinal, fd)
+        timeline = HostTimeline._create(drv, ordinal, fd)
     except BaseException:
         os.close(fd)
         raise
+    host_wait_streams.reserve(drv, ordinal)  # for its first host-side wait
+    return timeline
 
 
 def open_host_timeline(
@@ -398,4 +400,6 @@ def open_host_timeline(
     """
     _check_fd(fd)
     drv, ordinal = resolve_device(device, driver)
-    return HostTimeline._create(drv, ordinal, fd)
+    timeline = HostTimeline._create(drv, ordinal, fd)
+    host_wait_streams.reserve(drv, ordinal)  # for its first host-side wait
+    return timeline

@@ -230,17 +230,18 @@ async def test_detaching_a_stream_forgets_its_side_stream(sim: SimDriver) -> Non
     from aiocudasem.lowlevel import configure, statistics
 
     saved = configure()
-    configure(spin_limit=0)  # park, so that the wait gets a side stream
+    configure(spin_limit=0)  # park, so that the wait uses the side stream
     try:
-        s = acs.open_stream(driver=sim)
-        gate = hold(s)
         before = statistics().side_streams
+        s = acs.open_stream(driver=sim)
+        assert statistics().side_streams == before + 1  # made with the stream
+        gate = hold(s)
         async with anyio.create_task_group() as tg:
             tg.start_soon(s.wait_complete)
             with anyio.fail_after(5):
                 while statistics().parked == 0:
                     await anyio.sleep(0.001)
-            assert statistics().side_streams == before + 1
+            assert statistics().side_streams == before + 1  # the same one
             gate.set()
         handle = s.detach()
         assert statistics().side_streams == before

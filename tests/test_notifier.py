@@ -258,7 +258,9 @@ async def test_work_stream_wake_completes_waits_and_hand_offs(
 @pytest.mark.parametrize(
     ("wake", "refused"),
     [
-        ("side_stream", "stream_create"),  # no side stream: the node is armed, then disarmed
+        # A side stream missing at the launch (evicted, say) and refused: the node is armed,
+        # then disarmed.
+        ("side_stream", "stream_create"),
         ("side_stream", "launch_host_func"),
         ("work_stream", "launch_host_func"),
     ],
@@ -266,6 +268,8 @@ async def test_work_stream_wake_completes_waits_and_hand_offs(
 async def test_a_refused_launch_fails_the_wait_and_leaves_nothing_armed(
     sim: SimDriver, parked: None, monkeypatch: pytest.MonkeyPatch, wake: str, refused: str
 ) -> None:
+    from aiocudasem._notifier import side_streams
+
     acs.configure(wake=wake)
     try:
         async with acs.open_stream(driver=sim) as s:
@@ -274,9 +278,11 @@ async def test_a_refused_launch_fails_the_wait_and_leaves_nothing_armed(
             def refuse(*args: object) -> None:
                 raise acs.CudaError("refused", 1)
 
+            if refused == "stream_create":
+                side_streams.drop(sim, s.handle)  # made by open_stream(): gone again
             with monkeypatch.context() as m:
                 m.setattr(sim, refused, refuse)
-                with pytest.raises(acs.CudaError, match="refused"):
+                with pytest.raises(acs.CudaError, match="refused"), anyio.fail_after(5):
                     await s.wait_complete()
             assert statistics().pending == 0
             assert statistics().armed == 0

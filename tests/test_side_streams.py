@@ -9,6 +9,8 @@ import anyio
 import pytest
 
 import aiocudasem as acs
+from aiocudasem._notifier._pools import destroy_stream
+from aiocudasem.lowlevel import statistics
 from aiocudasem.testing import SimDriver, hold
 
 pytestmark = pytest.mark.anyio
@@ -69,7 +71,6 @@ async def test_a_failed_destroy_of_an_evicted_side_stream_does_not_fail_the_laun
     monkeypatch.setattr(_pools._SideStreams, "_LIMIT", 1)
     other = sim.stream_create(0, True, 0)
     sides: list[int] = []
-    side_streams.enqueue_on(sim, 0, other, sides.append)  # the side stream to be evicted
     destroy = sim.stream_destroy
 
     def failing_destroy(stream: int) -> None:
@@ -77,9 +78,13 @@ async def test_a_failed_destroy_of_an_evicted_side_stream_does_not_fail_the_laun
             raise _error(400, "cuStreamDestroy")
         destroy(stream)
 
-    monkeypatch.setattr(sim, "stream_destroy", failing_destroy)
     try:
         async with acs.open_stream(driver=sim) as s:
+            # open_stream() made the stream's side stream; gone again (as if evicted), it is
+            # made at the launch, which evicts the other work stream's.
+            side_streams.drop(sim, s.handle)
+            side_streams.enqueue_on(sim, 0, other, sides.append)  # the side stream to be evicted
+            monkeypatch.setattr(sim, "stream_destroy", failing_destroy)
             gate = hold(s)
             with (
                 pytest.warns(RuntimeWarning, match="destroying an evicted side stream failed"),
@@ -93,3 +98,93 @@ async def test_a_failed_destroy_of_an_evicted_side_stream_does_not_fail_the_laun
         monkeypatch.setattr(sim, "stream_destroy", destroy)
         destroy(sides[0])
         destroy_stream(sim, other)
+
+
+async def test_a_stream_makes_its_side_stream_when_opened_or_adopted(
+    sim: SimDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Never in the middle of an await: creating a CUDA stream can block while host functions
+    are queued behind work that cannot progress (see ``side_streams.ensure``). A wait that
+    parks then creates no stream at all."""
+    from aiocudasem._notifier import side_streams
+    from aiocudasem.lowlevel import configure
+
+    before = side_streams.count(sim)
+    raw = sim.stream_create(0, True, 0)
+    saved = configure()
+    configure(spin_limit=0)  # every wait that finds work parks
+    try:
+        async with acs.open_stream(driver=sim) as s:
+            assert side_streams.count(sim) == before + 1
+            borrowed = acs.Stream.adopt(raw, driver=sim)
+            assert side_streams.count(sim) == before + 2
+            assert acs.Stream.adopt(raw, driver=sim) is not borrowed
+            assert side_streams.count(sim) == before + 2  # the handle's, found again
+
+            def no_new_streams(*args: object) -> int:
+                raise AssertionError("a stream was created during a wait")
+
+            monkeypatch.setattr(sim, "stream_create", no_new_streams)
+            for stream in (s, borrowed):
+                gate = hold(stream)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(stream.wait_complete)
+                    with anyio.fail_after(5):
+                        while statistics().parked == 0:
+                            await anyio.sleep(0.001)
+                    gate.set()
+            monkeypatch.undo()
+            await borrowed.aclose()
+    finally:
+        configure(spin_limit=saved.spin_limit)
+        destroy_stream(sim, raw)
+
+
+async def test_a_stream_whose_side_stream_cannot_be_made_is_not_opened(
+    sim: SimDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """open_stream() raises the driver's error and destroys the stream it created; adopt()
+    raises it and leaves the foreign stream as it was."""
+    from aiocudasem._driver._sim import _error
+
+    raw = sim.stream_create(0, True, 0)
+    create = sim.stream_create
+    made: list[int] = []
+
+    def first_only(ordinal: int, non_blocking: bool, priority: int) -> int:
+        if made:
+            raise _error(2, "cuStreamCreateWithPriority")  # out of memory, say
+        made.append(create(ordinal, non_blocking, priority))
+        return made[-1]
+
+    destroyed: list[int] = []
+    destroy = sim.stream_destroy
+
+    def recording_destroy(stream: int) -> None:
+        destroyed.append(stream)
+        destroy(stream)
+
+    monkeypatch.setattr(sim, "stream_create", first_only)
+    monkeypatch.setattr(sim, "stream_destroy", recording_destroy)
+    with pytest.raises(acs.CudaError, match="cuStreamCreate"):
+        acs.open_stream(driver=sim)
+    assert destroyed == made  # the work stream went with the failure
+    made.append(0)  # every later creation fails
+    with pytest.raises(acs.CudaError, match="cuStreamCreate"):
+        acs.Stream.adopt(raw, driver=sim)
+    assert sim.stream_query(raw)  # still the caller's, and usable
+    monkeypatch.undo()
+    sim.stream_destroy(raw)
+
+
+async def test_the_work_stream_wake_makes_no_side_streams(sim: SimDriver) -> None:
+    from aiocudasem._notifier import side_streams
+    from aiocudasem.lowlevel import configure
+
+    before = side_streams.count(sim)
+    configure(wake="work_stream")
+    try:
+        async with acs.open_stream(driver=sim):
+            assert side_streams.count(sim) == before
+    finally:
+        configure(wake=acs.Tuning().wake)

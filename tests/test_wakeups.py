@@ -178,6 +178,34 @@ async def test_surplus_host_wait_streams_take_their_side_streams_along(
         await sem.aclose()
 
 
+async def test_the_first_host_side_wait_of_a_semaphore_or_timeline_creates_no_stream(
+    sim: SimDriver, parked: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Importing a semaphore or making a host timeline reserves a private stream, with its side
+    stream, for host-side waits: the first such wait parks without creating a stream, which
+    could block the loop (see ``side_streams.ensure``)."""
+    from aiocudasem._notifier import host_wait_streams
+
+    host_wait_streams._free.pop(sim, None)  # none left over from other tests
+    sem, producer = import_sim_semaphore(sim)
+    timeline = acs.create_host_timeline(driver=sim)
+
+    def no_new_streams(*args: object) -> int:
+        raise AssertionError("a stream was created during a wait")
+
+    monkeypatch.setattr(sim, "stream_create", no_new_streams)
+    for waitable, release in ((sem, producer.signal), (timeline, timeline.signal)):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waitable.wait_value, 1)
+            with anyio.fail_after(5):
+                while notifier_statistics().parked == 0:
+                    await anyio.sleep(0.001)
+            release(1)
+    monkeypatch.undo()
+    await sem.aclose()
+    await timeline.aclose()
+
+
 def _times_scheduled(thread: threading.Thread) -> int:
     """How often Linux has run ``thread`` (schedstat's third field): one per wake-up."""
     with open(f"/proc/self/task/{thread.native_id}/schedstat") as f:

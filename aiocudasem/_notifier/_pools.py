@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 from .. import _release
+from .._errors import AiocudasemError
 
 if TYPE_CHECKING:
     from .._driver import Driver
@@ -90,6 +91,10 @@ def give_back(driver: Driver, free: list[int], event: int) -> None:
         driver.event_destroy(event)
 
 
+def _nothing(_side: int) -> None:
+    pass
+
+
 class _SideStreams:
     """One side stream per work stream, shared by every loop of the process. A side stream
     carries only event waits and host functions, so a slow host function never delays the
@@ -145,6 +150,19 @@ class _SideStreams:
                     functools.partial(driver.stream_destroy, evicted), "an evicted side stream"
                 )
 
+    def ensure(self, driver: Driver, device: int, work: int) -> None:
+        """Make the side stream that serves ``work`` now, if there is none yet.
+
+        A :class:`~aiocudasem.Stream` makes its side stream when it is opened or adopted, not
+        at its first parked wait: creating a CUDA stream can block while host functions are
+        pending behind work that cannot progress (on an H200, driver 580: the 14th or 15th
+        ``cuStreamCreate`` with 13 or 14 host functions queued behind streams that wait for a
+        host timeline), and while it is blocked, so are other threads' ``cuEventRecord``,
+        ``cuLaunchHostFunc``, ``cuEventCreate`` and ``cuStreamDestroy``. Made in the middle
+        of an await, it would freeze the event loop until that work progresses, and for good
+        if the loop itself was to signal it."""
+        self.enqueue_on(driver, device, work, _nothing)
+
     def drop(self, driver: Driver, work: int) -> None:
         with self._lock:
             table = self._streams.get(driver)
@@ -195,6 +213,29 @@ class _HostWaitStreams:
             except IndexError:
                 pass
         return driver.stream_create(device, True, 0)
+
+    def reserve(self, driver: Driver, device: int) -> None:
+        """Make one private stream ready on ``device``, with what the wake strategy needs for
+        it (its side stream), unless one is free already. Called when a semaphore or a host
+        timeline is made, a synchronous call, so that the first host-side wait on it does not
+        create a stream in the middle of an await, when creating one could block (see
+        ``_SideStreams.ensure``). Best effort: a failure here is left to the wait itself."""
+        from ._wake import prepare_stream  # _wake imports this module
+
+        if self._free.get(driver, {}).get(device):
+            return
+        try:
+            stream = driver.stream_create(device, True, 0)
+        except AiocudasemError:
+            return
+        try:
+            prepare_stream(driver, device, stream)
+        except AiocudasemError:
+            _release.release_quietly(
+                functools.partial(driver.stream_destroy, stream), "a reserved private stream"
+            )
+            return
+        self.give(driver, device, stream)
 
     def give(self, driver: Driver, device: int, stream: int) -> None:
         free = self._free.setdefault(driver, {}).setdefault(device, [])

@@ -12,7 +12,10 @@ function ``_notify.HOST_FN`` with it behind the point's event. A strategy must g
 - ``launch`` raises only :class:`AiocudasemError` for a driver failure, and then nothing that
   could call the host function is enqueued: the caller disarms (frees) the node and fails the
   point;
-- ``launch`` runs on the event loop's thread, once per host function: it must not block.
+- ``launch`` runs on the event loop's thread, once per host function: it must not block;
+- ``prepare`` makes, when a :class:`~aiocudasem.Stream` is opened or adopted, whatever
+  ``launch`` will need for that work stream and could block to make later (a CUDA stream: see
+  ``_pools.side_streams.ensure``).
 
 A new strategy gets a name in ``_tuning._WAKE_CHOICES`` and an entry in :data:`STRATEGIES`.
 """
@@ -22,16 +25,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final, Protocol
 
 from .. import _notify
+from . import _tuning
 from ._pools import side_streams
 
 if TYPE_CHECKING:
     from .._driver import Driver
 
-__all__ = ("STRATEGIES", "SideStreamHostFn", "WakeStrategy", "WorkStreamHostFn")
+__all__ = ("STRATEGIES", "SideStreamHostFn", "WakeStrategy", "WorkStreamHostFn", "prepare_stream")
 
 
 class WakeStrategy(Protocol):
     """Enqueues the C host function so that it follows a point's event."""
+
+    def prepare(self, driver: Driver, device: int, work_stream: int) -> None:
+        """Called when a Stream is opened or adopted: make now what :meth:`launch` needs for
+        ``work_stream`` and could not make later without risk of blocking."""
+        ...
 
     def launch(
         self, driver: Driver, device: int, work_stream: int, event: int, user_data: int
@@ -49,6 +58,9 @@ class SideStreamHostFn:
     work streams never queue behind each other."""
 
     __slots__ = ()
+
+    def prepare(self, driver: Driver, device: int, work_stream: int) -> None:
+        side_streams.ensure(driver, device, work_stream)
 
     def launch(
         self, driver: Driver, device: int, work_stream: int, event: int, user_data: int
@@ -72,10 +84,20 @@ class WorkStreamHostFn:
 
     __slots__ = ()
 
+    def prepare(self, driver: Driver, device: int, work_stream: int) -> None:
+        pass  # nothing to make
+
     def launch(
         self, driver: Driver, device: int, work_stream: int, event: int, user_data: int
     ) -> None:
         driver.launch_host_func(work_stream, _notify.HOST_FN, user_data)
+
+
+def prepare_stream(driver: Driver, device: int, work_stream: int) -> None:
+    """What the wake strategy in force makes for a work stream when a Stream is opened or
+    adopted (the side stream, by default). A strategy chosen later with
+    ``configure(wake=...)`` makes its part at the first wait that needs it."""
+    STRATEGIES[_tuning.current.wake].prepare(driver, device, work_stream)
 
 
 #: The strategies by the name ``configure(wake=...)`` takes, one per ``_tuning._WAKE_CHOICES``.

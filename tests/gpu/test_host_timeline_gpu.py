@@ -171,3 +171,56 @@ def test_a_first_wait_on_a_host_timeline_loads_kernels_ahead_under_lazy_loading(
     default loading mode."""
     proc = run_script(_FIRST_WAIT, timeout=60)
     assert proc.stdout.strip().endswith("ok")
+
+
+_MANY_BLOCKED_STREAMS = """
+import sys
+import anyio
+import aiocudasem as acs
+from aiocudasem.lowlevel import statistics
+
+backend, uvloop = sys.argv[1], sys.argv[2] == "uvloop"
+
+async def main():
+    drv = acs.get_driver("cuda")
+    tl = acs.create_host_timeline(driver=drv)
+    streams = [acs.open_stream(driver=drv) for _ in range(64)]
+    for s in streams:
+        s.enqueue_wait(acs.Wait(tl, 1))
+    woke = 0
+
+    async def waiter(s):
+        nonlocal woke
+        await s.wait_complete()
+        woke += 1
+
+    async with anyio.create_task_group() as tg:
+        for s in streams:
+            for _ in range(4):
+                tg.start_soon(waiter, s)
+        with anyio.fail_after(20):
+            while statistics().parked < 256:
+                await anyio.sleep(0.01)
+        tl.signal(1)  # the loop itself is the producer
+    assert woke == 256, woke
+    for s in streams:
+        await s.aclose()
+    await tl.aclose()
+    print("woke", woke)
+
+anyio.run(main, backend=backend, backend_options={"use_uvloop": True} if uvloop else {})
+"""
+
+
+@pytest.mark.parametrize(
+    ("backend", "uvloop"), [("asyncio", False), ("asyncio", True), ("trio", False)]
+)
+def test_64_streams_blocked_on_the_loops_own_signal_all_wake(backend: str, uvloop: bool) -> None:
+    """Waits parked on 64 streams that wait for a host timeline which the loop itself signals
+    afterwards. Each stream's first parked wait launches a host function behind blocked work;
+    a side stream made at that moment blocks in cuStreamCreate once about 13 are queued (H200,
+    driver 580), with the loop's thread inside it, so the signal never came. Streams make their
+    side streams when they are opened, and this completes. A fresh process: a hang fails by
+    the timeout instead of holding the suite."""
+    proc = run_script(_MANY_BLOCKED_STREAMS, backend, "uvloop" if uvloop else "plain", timeout=90)
+    assert "woke 256" in proc.stdout
