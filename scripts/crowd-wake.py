@@ -14,8 +14,12 @@ or, with the package importable, ``python3 scripts/crowd-wake.py [ROUNDS] [RELAY
 example ``python3 scripts/crowd-wake.py 4 256,all,1024`` (the default);
 ``256busy`` is a relay of 256 with the loop's thread kept busy in Python until 1 ms before the
 kernels end, so that a thread that has not slept wakes the crowd; ``256warm`` runs a full
-garbage collection 0.1 s before the end, which reads every object of the crowd. Each line ends
-with the CPU the loop's thread ran on 0.2 s before the end and at the first wake-up.
+garbage collection 0.1 s before the end, which reads every object of the crowd; ``256late``
+keeps the loop's thread busy until every host function has run (see ``crowd()``);
+``256nowatch`` runs without the fault watchdog's thread. Each line gives the CPU the loop's
+thread ran on 0.2 s before the end and at the first wake-up, the cost per coroutine of the
+wake-ups, how long a fixed loop of Python arithmetic took before and after (the CPU's speed at
+the time), and the threads that ran meanwhile.
 ``AIOCUDASEM_DRIVER=sim`` for the simulated device, whose host functions need the GIL and so
 arrive later and spread out.
 """
@@ -49,6 +53,42 @@ def _traced(self: _loop.Notifier, tokens: list[int]) -> None:
 _loop.Notifier._complete = _traced  # type: ignore[method-assign]
 
 
+def _threads() -> dict[int, tuple[str, int, int]]:
+    """Every thread of this process: name, nanoseconds on a CPU so far (schedstat), and the CPU
+    it last ran on."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                cpu = int(f.read().rsplit(")", 1)[1].split()[36])
+        except (OSError, IndexError, ValueError):
+            continue
+        out[int(tid)] = (name, ns, cpu)
+    return out
+
+
+def _siblings(cpu: int) -> str:
+    try:
+        with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def _calibrate() -> float:
+    """Milliseconds that a fixed loop of Python arithmetic takes now: how fast this CPU runs
+    the interpreter at this moment, with no memory of the crowd involved."""
+    t = time.perf_counter()
+    x = 0
+    for i in range(100_000):
+        x += i
+    return (time.perf_counter() - t) * 1e3
+
+
 def _cpu() -> int:
     """The CPU this thread runs on now (Linux; -1 elsewhere)."""
     try:
@@ -65,10 +105,17 @@ async def crowd(
     waiters: int = 10_000,
     busy: bool = False,
     warm: bool = False,
+    late: bool = False,
 ) -> str:
     """``busy``: keep the loop's thread busy in Python until 1 ms before the kernels end, so
     that the crowd is woken by a thread that has not slept. ``warm``: run a full garbage
-    collection, which reads every object of the crowd, 0.1 s before the kernels end."""
+    collection, which reads every object of the crowd, 0.1 s before the kernels end. ``late``:
+    keep the loop's thread busy in Python from 1 ms before the kernels end until 20 ms after,
+    so that every host function has run before the crowd is woken (as when the benchmark's
+    collection runs into the end). Each line gives the microseconds per coroutine from the
+    10th to the 90th percentile of the wake-ups, which a late start does not change, and the
+    threads of the process that ran more than a millisecond from 50 ms before the end to the
+    last wake-up."""
     woke: list[float] = []
     cpus: list[int] = []
     started = 0
@@ -102,7 +149,20 @@ async def crowd(
             gc.collect()
         while busy and time.perf_counter() < end - 0.001:
             pass
+        await anyio.sleep(max(0.0, end - 0.05 - time.perf_counter()))
+        speed = [_calibrate()]
+        before = _threads()
+        if late:
+            while time.perf_counter() < end + 0.02:
+                pass
+    after = _threads()
+    speed.append(_calibrate())
     woke.sort()
+    ran = []
+    for tid, (name, ns, cpu) in after.items():
+        took = ns - before.get(tid, (name, 0, cpu))[1]
+        if took > 1_000_000:
+            ran.append(f"{name}@{cpu}({_siblings(cpu)}) {took / 1e6:.1f} ms")
 
     def at(p: float) -> str:
         return f"{(woke[min(len(woke) - 1, int(len(woke) * p))] - end) * 1e3:.1f}"
@@ -111,6 +171,13 @@ async def crowd(
         f"all parked and collected before the end: {in_time}; ms after the end: p1 {at(0.01)} "
         f"p10 {at(0.1)} p25 {at(0.25)} p50 {at(0.5)} p75 {at(0.75)} p90 {at(0.9)} "
         f"p99 {at(0.99)} last {at(1.0)}; CPU before / at the first wake-up: {cpus}"
+    )
+    n = len(woke)
+    rate = (woke[int(n * 0.9)] - woke[int(n * 0.1)]) / (int(n * 0.9) - int(n * 0.1)) * 1e6
+    out += (
+        f"\n      {rate:.2f} us per coroutine (p10 to p90); a fixed Python loop took "
+        f"{speed[0]:.2f} ms before the end, {speed[1]:.2f} after the wake-ups; threads that ran: "
+        + "; ".join(ran)
     )
     if batches:
         shown = [(round((t - end) * 1e3, 1), n, round(d * 1e3, 2)) for t, n, d in batches[:6]]
@@ -126,8 +193,9 @@ async def main() -> None:
     hs = [drv.stream_create(0, True, 0) for _ in range(64)]
     library, poll = Aiocudasem(drv), PollSleep0(drv)
     kinds: list[tuple[str, Approach, int, str]] = [("poll", poll, 0, "")]
-    for spec in relays:  # "256busy", "256warm": see crowd()
-        how = "busy" if spec.endswith("busy") else "warm" if spec.endswith("warm") else ""
+    # "256busy", "256warm", "256late": see crowd(); "256nowatch": no fault watchdog thread
+    for spec in relays:
+        how = next((w for w in ("busy", "warm", "late", "nowatch") if spec.endswith(w)), "")
         length = spec.removesuffix(how)
         name = f"relay {length}" + (f", {how}" if how else "")
         kinds.append((name, library, 10**9 if length == "all" else int(length), how))
@@ -139,7 +207,15 @@ async def main() -> None:
             for name, ap, relay, how in kinds[k:] + kinds[:k]:
                 _loop._RELAY = relay or default
                 _loop._RELAY_LOW = _loop._RELAY // 4
-                woken = await crowd(run, hs, ap, busy=how == "busy", warm=how == "warm")
+                watch = _loop._watchdog.add, _loop._watchdog.remove
+                if how == "nowatch":
+                    _loop._watchdog.add = _loop._watchdog.remove = lambda *a: None  # type: ignore[method-assign]
+                try:
+                    woken = await crowd(
+                        run, hs, ap, busy=how == "busy", warm=how == "warm", late=how == "late"
+                    )
+                finally:
+                    _loop._watchdog.add, _loop._watchdog.remove = watch  # type: ignore[method-assign]
                 print(f"{name:17} {woken}", flush=True)
     finally:
         _loop._RELAY, _loop._RELAY_LOW = default, default // 4
