@@ -527,6 +527,59 @@ async def test_the_waiters_of_an_armed_point_park_on_it_directly(
         await later
 
 
+async def test_a_direct_park_awaited_after_its_point_finished_is_still_a_checkpoint(
+    sim: SimDriver, parked: None
+) -> None:
+    """wait() looks at the point when it is called; a caller that awaits the coroutine later
+    (``start_soon(notifier.wait, point)``) may find the point done by then. The wait still
+    passes a checkpoint, and leaves no sleeper on the finished point."""
+    from aiocudasem._notifier import current_notifier
+
+    notifier = current_notifier()
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.wait_complete)
+            await anyio.wait_all_tasks_blocked()
+            point = s._history.newest
+            assert point is not None and point.token
+            late = notifier.wait(point)
+            gate.set()
+        assert point.done
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await late
+        assert scope.cancelled_caught  # the checkpoint saw the cancellation
+        assert not point.sleepers
+        assert point.waiting == 0
+
+
+async def test_a_direct_park_that_fails_to_start_leaves_the_point(
+    sim: SimDriver, parked: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiocudasem._notifier import current_notifier
+
+    notifier = current_notifier()
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.wait_complete)
+            await anyio.wait_all_tasks_blocked()
+            point = s._history.newest
+            assert point is not None
+            before = point.waiting
+
+            def no_memory() -> None:
+                raise MemoryError
+
+            with monkeypatch.context() as m:
+                m.setattr(notifier, "_new_sleeper", no_memory)
+                with pytest.raises(MemoryError):
+                    await notifier.wait(point)
+            assert point.waiting == before
+            gate.set()
+
+
 async def test_cancelling_the_waiter_that_recorded_a_shared_point_keeps_the_others(
     sim: SimDriver, parked: None
 ) -> None:

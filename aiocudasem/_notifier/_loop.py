@@ -470,42 +470,49 @@ class Notifier:
         ``joined``: this coroutine is a waiter of ``point`` from here on (see :meth:`wait`):
         it leaves the point at the end, and raises what the point failed with."""
         if joined:
+            if point.done or not point.token or point.owner is not self._ref:
+                # Finished or disarmed since wait() looked (the coroutine was not awaited at
+                # once): the general path, which passes its checkpoint.
+                await self._wait(point)
+                return
             point.waiting += 1
-        sleeping = self._sleeping
-        count = sleeping.get(point, 0)
-        sleeping[point] = count + 1
-        if not count:
-            self._watch(point)
-        sleeper = self._new_sleeper()
-        sleepers = point.sleepers
-        sleepers[sleeper] = next(self._park_order)
-        self._asleep += 1
         try:
-            while not point.done:
-                if self.closed:
-                    raise anyio.ClosedResourceError(
-                        "the event loop is shutting down: its notifier is closed"
-                    )
-                if not self._draining:
-                    await self._drain(point)
-                elif sleeper.done():
-                    # Woken to take over the drainer role, which someone took first: sleep
-                    # again.
-                    del sleepers[sleeper]
-                    sleeper = self._new_sleeper()
-                    sleepers[sleeper] = next(self._park_order)
-                else:
-                    await sleeper
-                    if self._heir is sleeper:
-                        self._heir = None
-        finally:
+            sleeping = self._sleeping
+            count = sleeping.get(point, 0)
+            sleeping[point] = count + 1
+            if not count:
+                self._watch(point)
+            sleeper = self._new_sleeper()
+            sleepers = point.sleepers
+            sleepers[sleeper] = next(self._park_order)
+            self._asleep += 1
             try:
+                while not point.done:
+                    if self.closed:
+                        raise anyio.ClosedResourceError(
+                            "the event loop is shutting down: its notifier is closed"
+                        )
+                    if not self._draining:
+                        await self._drain(point)
+                    elif sleeper.done():
+                        # Woken to take over the drainer role, which someone took first: sleep
+                        # again.
+                        del sleepers[sleeper]
+                        sleeper = self._new_sleeper()
+                        sleepers[sleeper] = next(self._park_order)
+                    else:
+                        await sleeper
+                        if self._heir is sleeper:
+                            self._heir = None
+            finally:
+                # The coroutine leaves: settle its accounts, keep a woken crowd's relay going,
+                # deliver what is queued and hand the drainer role on.
                 self._asleep -= 1
                 if self._heir is sleeper:
                     self._heir = None
                 if not sleeper.done():
-                    # Left without being woken (the drainer, or a wait that failed): a relay that
-                    # reaches it skips it, rather than spend a place of its run on it.
+                    # Left without being woken (the drainer, or a wait that failed): a relay
+                    # that reaches it skips it, rather than spend a place of its run on it.
                     sleeper.cancel()
                 if not point.done:
                     sleepers.pop(sleeper, None)
@@ -517,24 +524,26 @@ class Notifier:
                     else:
                         del sleeping[point]
                         self._unwatch(point)
-                if self._relayed:  # a woken crowd's relay (see _relay_batch()), counted loosely:
-                    # a coroutine woken otherwise counts too, which only wakes the next run sooner
+                if self._relayed:  # a woken crowd's relay (see _relay_batch()), counted
+                    # loosely: a coroutine woken otherwise counts too, which only wakes the next
+                    # run sooner
                     self._relayed -= 1
                     if self._relaying and self._relayed <= _RELAY_LOW:
                         self._relay()
                 if not self.closed:
-                    # Deliver what is queued before leaving. Nobody may be draining right now: this
-                    # coroutine may have been cancelled before it drained, and the next drainer may
-                    # be cancelled too. And if one is, it sleeps on the fd, which the loop looks at
-                    # only between its passes over the ready tasks: after a crowd's wake-up,
-                    # thousands of them. So whoever leaves first delivers what arrived meanwhile.
+                    # Deliver what is queued before leaving. Nobody may be draining right now:
+                    # this coroutine may have been cancelled before it drained, and the next
+                    # drainer may be cancelled too. And if one is, it sleeps on the fd, which the
+                    # loop looks at only between its passes over the ready tasks: after a crowd's
+                    # wake-up, thousands of them. So whoever leaves first delivers what arrived
+                    # meanwhile.
                     if self._check or self._c.queued():
                         self._collect()
                     if not self._draining:
                         self._hand_off()  # then hand the role on
-            finally:
-                if joined:
-                    self._leave(point)
+        finally:
+            if joined:
+                self._leave(point)
         if joined and point.error is not None:
             point._raise_if_failed()
 
