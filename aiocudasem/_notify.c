@@ -406,6 +406,31 @@ static PySendResult Yield_send(YieldObject *self, PyObject *Py_UNUSED(arg), PyOb
     return PYGEN_NEXT;
 }
 
+/* send(value) and close(), as a generator has them, for a driver of the awaiting coroutine that
+ * sends a value other than None (the interpreter calls send() then) or closes it: the value is
+ * ignored, as the bare yield of a generator ignores it. No throw(): an exception thrown into the
+ * awaiting coroutine is raised at its await. */
+static PyObject *Yield_send_method(YieldObject *self, PyObject *Py_UNUSED(value)) {
+    if (self->yielded) {
+        PyErr_SetNone(PyExc_StopIteration);
+        return NULL;
+    }
+    self->yielded = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Yield_close(YieldObject *self, PyObject *Py_UNUSED(ignored)) {
+    self->yielded = 1;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Yield_methods[] = {
+    {"send", (PyCFunction)Yield_send_method, METH_O,
+     "send(value): as next(); the value is ignored."},
+    {"close", (PyCFunction)Yield_close, METH_NOARGS, "close(): end without yielding."},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyAsyncMethods Yield_async = {
     .am_await = Yield_self,
     .am_send = (sendfunc)Yield_send,
@@ -420,6 +445,7 @@ static PyTypeObject YieldType = {
     .tp_as_async = &Yield_async,
     .tp_iter = Yield_self,
     .tp_iternext = (iternextfunc)Yield_next,
+    .tp_methods = Yield_methods,
 };
 
 static PyMethodDef module_methods[] = {

@@ -543,3 +543,35 @@ def test_yield_once_is_a_checkpoint_of_an_asyncio_task() -> None:
         assert seen == ["raised at the await"]
 
     asyncio.run(main())
+
+
+def test_yield_once_takes_a_sent_value_and_a_close_as_a_generator_does() -> None:
+    """The interpreter calls send() for a value other than None (3.12 and later always, earlier
+    ones while tracing), and a coroutine's close() calls close(): both as for the bare yield of
+    a generator."""
+    from aiocudasem._notify import yield_once
+
+    async def waiter() -> str:
+        await yield_once()
+        return "done"
+
+    coro = waiter()
+    assert coro.send(None) is None  # at the yield
+    with pytest.raises(StopIteration) as stop:
+        coro.send("ignored")
+    assert stop.value.value == "done"
+
+    coro = waiter()
+    coro.send(None)
+    coro.close()  # no error, and the coroutine is finished
+    with pytest.raises(RuntimeError, match="cannot reuse"):
+        coro.send(None)
+
+    y = yield_once()
+    assert y.send(42) is None
+    with pytest.raises(StopIteration):
+        y.send(None)
+    y2 = yield_once()
+    y2.close()
+    with pytest.raises(StopIteration):
+        next(y2)
