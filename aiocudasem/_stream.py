@@ -80,17 +80,22 @@ class Stream(OnDevice):
     _noun = "stream"
 
     @classmethod
-    def _create(cls, driver: Driver, device: int, handle: int, owned: bool) -> Self:
+    def _create(
+        cls, driver: Driver, device: int, handle: int, owned: bool, prepare: bool = True
+    ) -> Self:
         # The side stream that will carry this stream's host functions, made now rather than
         # at the first wait that parks, when making it could block (see side_streams.ensure).
-        try:
-            prepare_stream(driver, device, handle)
-        except BaseException:
-            if owned:
-                _release.release_quietly(
-                    partial(driver.stream_destroy, handle), "a stream without its side stream"
-                )
-            raise
+        # ``prepare=False``: a Stream made for one wait (wait_stream()), which is about to run:
+        # its side stream, if it parks, is made then, as it would be now.
+        if prepare:
+            try:
+                prepare_stream(driver, device, handle)
+            except BaseException:
+                if owned:
+                    _release.release_quietly(
+                        partial(driver.stream_destroy, handle), "a stream without its side stream"
+                    )
+                raise
         self = object.__new__(cls)
         self._driver = driver
         self._device = device
@@ -133,11 +138,16 @@ class Stream(OnDevice):
                         f"{driver_label(drv, stream._driver)} given as driver="
                     )
             return stream
+        return cls._adopt(stream, driver, prepare=True)
+
+    @classmethod
+    def _adopt(cls, stream: object, driver: Driver | str | None, prepare: bool) -> Stream:
+        """:meth:`adopt` of anything but a Stream; ``prepare``: see :meth:`_create`."""
         handle = _stream_handle(stream)
         drv = resolve_driver(driver)
         _release.flush()
         device = drv.stream_device(handle)
-        return cls._create(drv, device, handle, owned=False)
+        return cls._create(drv, device, handle, owned=False, prepare=prepare)
 
     def __repr__(self) -> str:
         kind = "owned" if self._owned else "borrowed"
@@ -617,7 +627,13 @@ async def wait_stream(stream: object, *, driver: Driver | str | None = None) -> 
     ``stream`` is anything :meth:`Stream.adopt` takes, for example
     ``await aiocudasem.wait_stream(torch.cuda.current_stream())``.
     """
-    await Stream.adopt(stream, driver=driver).wait_complete()
+    if isinstance(stream, Stream):
+        stream = Stream.adopt(stream, driver=driver)  # the closed and driver checks
+    else:
+        # Adopted for this one wait: its side stream, if it parks, is made then, and a
+        # foreign stream awaited once and destroyed leaves none behind.
+        stream = Stream._adopt(stream, driver, prepare=False)
+    await stream.wait_complete()
 
 
 async def wait_external_semaphores(waits: Wait | Sequence[Wait], stream: object) -> None:
@@ -633,6 +649,6 @@ async def wait_external_semaphores(waits: Wait | Sequence[Wait], stream: object)
     raise."""
     entries = entry_list("wait_external_semaphores() waits", (waits,), Wait)
     if not isinstance(stream, Stream):
-        stream = Stream.adopt(stream, driver=entries[0].semaphore.driver)
+        stream = Stream._adopt(stream, entries[0].semaphore.driver, prepare=False)
     stream.enqueue_wait(entries)
     await stream.wait_complete()

@@ -3,6 +3,7 @@ side stream that another thread has taken and not yet enqueued on."""
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import anyio
@@ -188,3 +189,60 @@ async def test_the_work_stream_wake_makes_no_side_streams(sim: SimDriver) -> Non
             assert side_streams.count(sim) == before
     finally:
         configure(wake=acs.Tuning().wake)
+
+
+async def test_a_foreign_stream_awaited_once_gets_a_side_stream_only_if_it_parks(
+    sim: SimDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """wait_stream() and wait_external_semaphores() adopt a foreign stream for one wait: a
+    wait that ends at its first query makes no side stream (a stream awaited once and then
+    destroyed by its owner leaves none behind), and needs no stream creation to succeed."""
+    from aiocudasem._notifier import side_streams
+
+    before = side_streams.count(sim)
+    for _ in range(5):
+        h = sim.stream_create(0, True, 0)
+        await acs.wait_stream(h, driver=sim)  # idle: done at its first query
+        sim.stream_destroy(h)
+    assert side_streams.count(sim) == before
+
+    def refused(*args: object) -> int:
+        raise acs.CudaError("refused", 2)
+
+    h = sim.stream_create(0, True, 0)
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(sim, "stream_create", refused)
+            await acs.wait_stream(h, driver=sim)  # needs no side stream, so none is made
+        gate = hold(acs.Stream._adopt(h, sim, prepare=False))  # no side stream made here
+        assert side_streams.count(sim) == before
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(acs.wait_stream, h, driver=sim))  # parks: made now
+            with anyio.fail_after(5):
+                while statistics().parked == 0:
+                    await anyio.sleep(0.001)
+            assert side_streams.count(sim) == before + 1
+            gate.set()
+    finally:
+        destroy_stream(sim, h)
+
+
+async def test_a_new_semaphore_restores_the_side_stream_of_the_reserved_stream(
+    sim: SimDriver,
+) -> None:
+    from aiocudasem._notifier import host_wait_streams, side_streams
+
+    host_wait_streams._free.pop(sim, None)
+    first = acs.create_host_timeline(driver=sim)
+    (reserved,) = host_wait_streams._free[sim][0]
+    side_streams.drop(sim, reserved)  # evicted meanwhile, say
+    second = acs.create_host_timeline(driver=sim)
+    assert host_wait_streams._free[sim][0] == [reserved]  # no second stream...
+    made: list[int] = []
+    side_streams.enqueue_on(sim, 0, reserved, made.append)
+    assert side_streams.count(sim) >= 1 and made  # ...and its side stream is back
+    before = side_streams.count(sim)
+    side_streams.enqueue_on(sim, 0, reserved, made.append)
+    assert side_streams.count(sim) == before and made[0] == made[1]
+    await first.aclose()
+    await second.aclose()

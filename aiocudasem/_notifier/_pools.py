@@ -222,7 +222,12 @@ class _HostWaitStreams:
         ``_SideStreams.ensure``). Best effort: a failure here is left to the wait itself."""
         from ._wake import prepare_stream  # _wake imports this module
 
-        if self._free.get(driver, {}).get(device):
+        free = self._free.get(driver, {}).get(device)
+        if free:
+            try:  # its side stream too, which an eviction may have taken since
+                prepare_stream(driver, device, free[-1])
+            except (AiocudasemError, IndexError):  # IndexError: taken by another thread
+                pass
             return
         try:
             stream = driver.stream_create(device, True, 0)
@@ -230,11 +235,13 @@ class _HostWaitStreams:
             return
         try:
             prepare_stream(driver, device, stream)
-        except AiocudasemError:
+        except BaseException as exc:
             _release.release_quietly(
                 functools.partial(driver.stream_destroy, stream), "a reserved private stream"
             )
-            return
+            if isinstance(exc, AiocudasemError):
+                return
+            raise
         self.give(driver, device, stream)
 
     def give(self, driver: Driver, device: int, stream: int) -> None:
