@@ -411,12 +411,9 @@ static PySendResult Yield_send(YieldObject *self, PyObject *Py_UNUSED(arg), PyOb
  * ignored, as the bare yield of a generator ignores it. No throw(): an exception thrown into the
  * awaiting coroutine is raised at its await. */
 static PyObject *Yield_send_method(YieldObject *self, PyObject *Py_UNUSED(value)) {
-    if (self->yielded) {
-        PyErr_SetNone(PyExc_StopIteration);
-        return NULL;
-    }
-    self->yielded = 1;
-    Py_RETURN_NONE;
+    PyObject *r = Yield_next(self);
+    if (r == NULL) PyErr_SetNone(PyExc_StopIteration); /* a method raises what next() implies */
+    return r;
 }
 
 static PyObject *Yield_close(YieldObject *self, PyObject *Py_UNUSED(ignored)) {

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anyio
@@ -10,6 +11,7 @@ import anyio.lowlevel
 import pytest
 
 import aiocudasem as acs
+from aiocudasem._notifier import Notifier, Point
 from aiocudasem._notifier._sleepers import Sleeper
 from aiocudasem.lowlevel import statistics
 from aiocudasem.testing import SimDriver, hold, import_sim_semaphore, workloads
@@ -499,32 +501,43 @@ async def test_waits_share_only_a_live_point_of_their_own_loop(sim: SimDriver) -
     assert notifier.shared_point(history, 1.0) is None
 
 
+@contextlib.asynccontextmanager
+async def _a_parked_point(sim: SimDriver, waiters: int) -> AsyncIterator[tuple[Notifier, Point]]:
+    """A stream held busy, with ``waiters`` waits parked on its one armed point: this loop's
+    notifier and the point. The stream's work completes, and the waits end, on leaving."""
+    from aiocudasem._notifier import current_notifier
+
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        async with anyio.create_task_group() as tg:
+            for _ in range(waiters):
+                tg.start_soon(s.wait_complete)
+            await anyio.wait_all_tasks_blocked()
+            point = s._history.newest
+            assert point is not None and point.token and point.waiting == waiters
+            try:
+                yield current_notifier(), point
+            finally:
+                gate.set()
+
+
 async def test_the_waiters_of_an_armed_point_park_on_it_directly(
     sim: SimDriver, parked: None
 ) -> None:
     """A crowd's waiters that share an armed point are parked by ``_park()`` itself: one
     coroutine per waiter fewer for the loop to resume when the crowd wakes. The waiter joins
     the point only once it runs: a coroutine closed unstarted leaves no trace."""
-    from aiocudasem._notifier import Notifier, current_notifier
+    from aiocudasem._notifier import Notifier
 
-    notifier = current_notifier()
-    async with acs.open_stream(driver=sim) as s:
-        gate = hold(s)
-        async with anyio.create_task_group() as tg:
-            for _ in range(5):
-                tg.start_soon(s.wait_complete)
-            await anyio.wait_all_tasks_blocked()
-            point = s._history.newest
-            assert point is not None and point.token and point.waiting == 5
-            direct = notifier.wait(point)
-            assert direct.cr_code is Notifier._park.__code__
-            direct.close()
-            assert point.waiting == 5
-            gate.set()
-        assert point.done
-        later = notifier.wait(point)  # done: the general path, which passes a checkpoint
-        assert later.cr_code is Notifier._wait.__code__
-        await later
+    async with _a_parked_point(sim, 5) as (notifier, point):
+        direct = notifier.wait(point)
+        assert direct.cr_code is Notifier._park.__code__
+        direct.close()
+        assert point.waiting == 5
+    assert point.done
+    later = notifier.wait(point)  # done: the general path, which passes a checkpoint
+    assert later.cr_code is Notifier._wait.__code__
+    await later
 
 
 async def test_a_direct_park_awaited_after_its_point_finished_is_still_a_checkpoint(
@@ -533,51 +546,29 @@ async def test_a_direct_park_awaited_after_its_point_finished_is_still_a_checkpo
     """wait() looks at the point when it is called; a caller that awaits the coroutine later
     (``start_soon(notifier.wait, point)``) may find the point done by then. The wait still
     passes a checkpoint, and leaves no sleeper on the finished point."""
-    from aiocudasem._notifier import current_notifier
-
-    notifier = current_notifier()
-    async with acs.open_stream(driver=sim) as s:
-        gate = hold(s)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(s.wait_complete)
-            await anyio.wait_all_tasks_blocked()
-            point = s._history.newest
-            assert point is not None and point.token
-            late = notifier.wait(point)
-            gate.set()
-        assert point.done
-        with anyio.CancelScope() as scope:
-            scope.cancel()
-            await late
-        assert scope.cancelled_caught  # the checkpoint saw the cancellation
-        assert not point.sleepers
-        assert point.waiting == 0
+    async with _a_parked_point(sim, 1) as (notifier, point):
+        late = notifier.wait(point)
+    assert point.done
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await late
+    assert scope.cancelled_caught  # the checkpoint saw the cancellation
+    assert not point.sleepers
+    assert point.waiting == 0
 
 
 async def test_a_direct_park_that_fails_to_start_leaves_the_point(
     sim: SimDriver, parked: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from aiocudasem._notifier import current_notifier
+    def no_memory() -> None:
+        raise MemoryError
 
-    notifier = current_notifier()
-    async with acs.open_stream(driver=sim) as s:
-        gate = hold(s)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(s.wait_complete)
-            await anyio.wait_all_tasks_blocked()
-            point = s._history.newest
-            assert point is not None
-            before = point.waiting
-
-            def no_memory() -> None:
-                raise MemoryError
-
-            with monkeypatch.context() as m:
-                m.setattr(notifier, "_new_sleeper", no_memory)
-                with pytest.raises(MemoryError):
-                    await notifier.wait(point)
-            assert point.waiting == before
-            gate.set()
+    async with _a_parked_point(sim, 1) as (notifier, point):
+        with monkeypatch.context() as m:
+            m.setattr(notifier, "_new_sleeper", no_memory)
+            with pytest.raises(MemoryError):
+                await notifier.wait(point)
+        assert point.waiting == 1
 
 
 async def test_cancelling_the_waiter_that_recorded_a_shared_point_keeps_the_others(
