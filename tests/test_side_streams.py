@@ -12,7 +12,7 @@ import pytest
 import aiocudasem as acs
 from aiocudasem._notifier._pools import destroy_stream
 from aiocudasem.lowlevel import statistics
-from aiocudasem.testing import SimDriver, hold
+from aiocudasem.testing import SimDriver, hold, import_sim_semaphore
 
 pytestmark = pytest.mark.anyio
 
@@ -227,22 +227,28 @@ async def test_a_foreign_stream_awaited_once_gets_a_side_stream_only_if_it_parks
         destroy_stream(sim, h)
 
 
-async def test_a_new_semaphore_restores_the_side_stream_of_the_reserved_stream(
+async def test_each_new_semaphore_reserves_a_stream_and_restores_the_reserved_side_streams(
     sim: SimDriver,
 ) -> None:
+    """One private stream per semaphore or timeline made (up to the 64 a device keeps), each
+    with its side stream, which a later one restores if an eviction took it."""
     from aiocudasem._notifier import host_wait_streams, side_streams
 
     host_wait_streams._free.pop(sim, None)
     first = acs.create_host_timeline(driver=sim)
     (reserved,) = host_wait_streams._free[sim][0]
     side_streams.drop(sim, reserved)  # evicted meanwhile, say
+    before = side_streams.count(sim)
     second = acs.create_host_timeline(driver=sim)
-    assert host_wait_streams._free[sim][0] == [reserved]  # no second stream...
+    free = host_wait_streams._free[sim][0]
+    assert len(free) == 2 and free[0] == reserved
+    assert side_streams.count(sim) == before + 2  # the new stream's, and the first's again
     made: list[int] = []
     side_streams.enqueue_on(sim, 0, reserved, made.append)
-    assert side_streams.count(sim) >= 1 and made  # ...and its side stream is back
-    before = side_streams.count(sim)
-    side_streams.enqueue_on(sim, 0, reserved, made.append)
-    assert side_streams.count(sim) == before and made[0] == made[1]
+    assert side_streams.count(sim) == before + 2  # found, not made
+    for _ in range(70):
+        sem, _producer = import_sim_semaphore(sim)
+        await sem.aclose()
+    assert len(host_wait_streams._free[sim][0]) == 64  # no more than a device keeps
     await first.aclose()
     await second.aclose()

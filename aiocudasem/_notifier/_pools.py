@@ -196,6 +196,10 @@ class _SideStreams:
         self._streams = weakref.WeakKeyDictionary()
 
 
+#: How many free private streams a device keeps for host-side waits.
+_KEEP: Final = 64
+
+
 class _HostWaitStreams:
     """Private streams for host-side semaphore awaits, reused once a wait has completed.
     A cancelled wait's stream may stay blocked forever, so it is destroyed, not reused."""
@@ -215,19 +219,22 @@ class _HostWaitStreams:
         return driver.stream_create(device, True, 0)
 
     def reserve(self, driver: Driver, device: int) -> None:
-        """Make one private stream ready on ``device``, with what the wake strategy needs for
-        it (its side stream), unless one is free already. Called when a semaphore or a host
-        timeline is made, a synchronous call, so that the first host-side wait on it does not
-        create a stream in the middle of an await, when creating one could block (see
-        ``_SideStreams.ensure``). Best effort: a failure here is left to the wait itself."""
+        """Add one private stream to ``device``'s free ones, with what the wake strategy needs
+        for it (its side stream), unless :data:`_KEEP` are free already. Called when a
+        semaphore or a host timeline is made, a synchronous call, so that host-side waits,
+        one at a time on each of up to that many semaphores, never create a stream in the
+        middle of an await, when creating one could block (see ``_SideStreams.ensure``).
+        The free ones get their side streams back if an eviction took them. Best effort: a
+        failure here is left to the wait itself."""
         from ._wake import prepare_stream  # _wake imports this module
 
-        free = self._free.get(driver, {}).get(device)
-        if free:
-            try:  # its side stream too, which an eviction may have taken since
-                prepare_stream(driver, device, free[-1])
-            except (AiocudasemError, IndexError):  # IndexError: taken by another thread
+        free = self._free.setdefault(driver, {}).setdefault(device, [])
+        for stream in list(free):  # another thread may take one meanwhile: harmless
+            try:
+                prepare_stream(driver, device, stream)
+            except AiocudasemError:
                 pass
+        if len(free) >= _KEEP:
             return
         try:
             stream = driver.stream_create(device, True, 0)
@@ -246,7 +253,7 @@ class _HostWaitStreams:
 
     def give(self, driver: Driver, device: int, stream: int) -> None:
         free = self._free.setdefault(driver, {}).setdefault(device, [])
-        if len(free) < 64:
+        if len(free) < _KEEP:
             free.append(stream)
         else:
             destroy_stream(driver, stream)
