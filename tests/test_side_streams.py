@@ -252,3 +252,47 @@ async def test_each_new_semaphore_reserves_a_stream_and_restores_the_reserved_si
     assert len(host_wait_streams._free[sim][0]) == 64  # no more than a device keeps
     await first.aclose()
     await second.aclose()
+
+
+async def test_a_lone_host_side_wait_takes_a_stream_that_has_its_side_stream(
+    sim: SimDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two overlapping host-side waits on one timeline: the second makes a private stream of
+    its own, and both end while spinning, so that stream has no side stream when it goes back.
+    A later lone wait that parks must take the reserved one, whose side stream exists, and
+    make no stream."""
+    from aiocudasem._notifier import host_wait_streams
+    from aiocudasem.lowlevel import configure
+
+    host_wait_streams._free.pop(sim, None)
+    timeline = acs.create_host_timeline(driver=sim)
+    saved = configure()
+    try:
+        configure(spin_limit=1.0)  # both waits end while spinning: no side stream for the second
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(timeline.wait_value, 1)
+            await anyio.sleep(0.01)
+            tg.start_soon(timeline.wait_value, 2)  # a second private stream, made now
+            await anyio.sleep(0.01)
+            timeline.signal(1)
+            await anyio.sleep(0.05)
+            timeline.signal(2)
+        assert len(host_wait_streams._free[sim][0]) == 2
+        configure(spin_limit=0)  # the next wait parks
+
+        def no_new_streams(*args: object) -> int:
+            raise AssertionError("a stream was created during a wait")
+
+        with monkeypatch.context() as m:
+            m.setattr(sim, "stream_create", no_new_streams)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(timeline.wait_value, 10)
+                with anyio.fail_after(5):
+                    while statistics().parked == 0:
+                        await anyio.sleep(0.001)
+                timeline.signal(10)
+    finally:
+        configure(spin_limit=saved.spin_limit)
+        timeline.signal(10)  # a wait that failed left its stream waiting for it
+        with anyio.fail_after(5):
+            await timeline.aclose()

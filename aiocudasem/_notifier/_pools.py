@@ -163,6 +163,14 @@ class _SideStreams:
         if the loop itself was to signal it."""
         self.enqueue_on(driver, device, work, _nothing)
 
+    def missing(self, driver: Driver, works: list[int]) -> list[int]:
+        """Those of ``works`` that have no side stream now, looked up under one lock."""
+        with self._lock:
+            table = self._streams.get(driver)
+            if table is None:
+                return list(works)
+            return [w for w in works if w not in table]
+
     def drop(self, driver: Driver, work: int) -> None:
         with self._lock:
             table = self._streams.get(driver)
@@ -229,11 +237,16 @@ class _HostWaitStreams:
         from ._wake import prepare_stream  # _wake imports this module
 
         free = self._free.setdefault(driver, {}).setdefault(device, [])
-        for stream in list(free):  # another thread may take one meanwhile: harmless
+        for stream in side_streams.missing(driver, list(free)):
+            try:
+                free.remove(stream)  # this thread's now: nobody takes (or destroys) it meanwhile
+            except ValueError:
+                continue  # taken by another thread's wait
             try:
                 prepare_stream(driver, device, stream)
             except AiocudasemError:
                 pass
+            self._give_quietly(driver, device, stream)
         if len(free) >= _KEEP:
             return
         try:
@@ -249,14 +262,26 @@ class _HostWaitStreams:
             if isinstance(exc, AiocudasemError):
                 return
             raise
-        self.give(driver, device, stream)
+        self._give_quietly(driver, device, stream)
 
     def give(self, driver: Driver, device: int, stream: int) -> None:
+        """Keep ``stream`` for later waits, or destroy it if :data:`_KEEP` are kept already.
+        One without a side stream (made during a wait that did not park) goes first in line,
+        and ``take()`` pops from the end: the others are handed out first, so that a wait
+        that parks finds its side stream made."""
         free = self._free.setdefault(driver, {}).setdefault(device, [])
-        if len(free) < _KEEP:
-            free.append(stream)
-        else:
+        if len(free) >= _KEEP:
             destroy_stream(driver, stream)
+        elif side_streams.missing(driver, [stream]):
+            free.insert(0, stream)
+        else:
+            free.append(stream)
+
+    def _give_quietly(self, driver: Driver, device: int, stream: int) -> None:
+        try:
+            self.give(driver, device, stream)
+        except AiocudasemError:
+            pass  # destroying a surplus stream failed: reserve() is best effort
 
     def _after_fork(self) -> None:
         self._free = weakref.WeakKeyDictionary()
