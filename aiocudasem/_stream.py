@@ -28,6 +28,7 @@ from ._notifier import (
     current_notifier,
     destroy_stream,
     event_pool,
+    prepare_new_stream,
     prepare_stream,
     record_pooled,
     side_streams,
@@ -88,14 +89,7 @@ class Stream(OnDevice):
         # ``prepare=False``: a Stream made for one wait (wait_stream()), which is about to run:
         # its side stream, if it parks, is made then, as it would be now.
         if prepare:
-            try:
-                prepare_stream(driver, device, handle)
-            except BaseException:
-                if owned:
-                    _release.release_quietly(
-                        partial(driver.stream_destroy, handle), "a stream without its side stream"
-                    )
-                raise
+            (prepare_new_stream if owned else prepare_stream)(driver, device, handle)
         self = object.__new__(cls)
         self._driver = driver
         self._device = device

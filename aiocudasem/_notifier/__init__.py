@@ -36,7 +36,7 @@ from ._points import History, Point
 from ._pools import destroy_stream, event_pool, host_wait_streams, record_pooled, side_streams
 from ._statistics import Statistics, statistics
 from ._tuning import Tuning, configure
-from ._wake import prepare_stream
+from ._wake import prepare_new_stream, prepare_stream
 
 __all__ = (
     "History",
@@ -49,6 +49,7 @@ __all__ = (
     "destroy_stream",
     "event_pool",
     "host_wait_streams",
+    "prepare_new_stream",
     "prepare_stream",
     "record_pooled",
     "side_streams",

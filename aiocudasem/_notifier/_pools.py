@@ -234,7 +234,7 @@ class _HostWaitStreams:
         middle of an await, when creating one could block (see ``_SideStreams.ensure``).
         The free ones get their side streams back if an eviction took them. Best effort: a
         failure here is left to the wait itself."""
-        from ._wake import prepare_stream  # _wake imports this module
+        from ._wake import prepare_new_stream, prepare_stream  # _wake imports this module
 
         free = self._free.setdefault(driver, {}).setdefault(device, [])
         for stream in side_streams.missing(driver, list(free)):
@@ -254,14 +254,9 @@ class _HostWaitStreams:
         except AiocudasemError:
             return
         try:
-            prepare_stream(driver, device, stream)
-        except BaseException as exc:
-            _release.release_quietly(
-                functools.partial(driver.stream_destroy, stream), "a reserved private stream"
-            )
-            if isinstance(exc, AiocudasemError):
-                return
-            raise
+            prepare_new_stream(driver, device, stream)  # destroyed if that fails
+        except AiocudasemError:
+            return
         self._give_quietly(driver, device, stream)
 
     def give(self, driver: Driver, device: int, stream: int) -> None:

@@ -22,16 +22,24 @@ A new strategy gets a name in ``_tuning._WAKE_CHOICES`` and an entry in :data:`S
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Final, Protocol
 
-from .. import _notify
+from .. import _notify, _release
 from . import _tuning
 from ._pools import side_streams
 
 if TYPE_CHECKING:
     from .._driver import Driver
 
-__all__ = ("STRATEGIES", "SideStreamHostFn", "WakeStrategy", "WorkStreamHostFn", "prepare_stream")
+__all__ = (
+    "STRATEGIES",
+    "SideStreamHostFn",
+    "WakeStrategy",
+    "WorkStreamHostFn",
+    "prepare_new_stream",
+    "prepare_stream",
+)
 
 
 class WakeStrategy(Protocol):
@@ -98,6 +106,18 @@ def prepare_stream(driver: Driver, device: int, work_stream: int) -> None:
     adopted (the side stream, by default). A strategy chosen later with
     ``configure(wake=...)`` makes its part at the first wait that needs it."""
     STRATEGIES[_tuning.current.wake].prepare(driver, device, work_stream)
+
+
+def prepare_new_stream(driver: Driver, device: int, stream: int) -> None:
+    """:func:`prepare_stream` for a stream that the caller has just created and owns: if
+    preparing fails, the stream is destroyed (quietly) before the error propagates."""
+    try:
+        prepare_stream(driver, device, stream)
+    except BaseException:
+        _release.release_quietly(
+            functools.partial(driver.stream_destroy, stream), "a stream without its side stream"
+        )
+        raise
 
 
 #: The strategies by the name ``configure(wake=...)`` takes, one per ``_tuning._WAKE_CHOICES``.
