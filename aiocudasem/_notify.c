@@ -399,11 +399,14 @@ static PyObject *Yield_next(YieldObject *self) {
 }
 
 static PySendResult Yield_send(YieldObject *self, PyObject *Py_UNUSED(arg), PyObject **result) {
+    PyObject *r = Yield_next(self);
+    if (r != NULL) {
+        *result = r; /* the yield */
+        return PYGEN_NEXT;
+    }
     Py_INCREF(Py_None);
-    *result = Py_None;
-    if (self->yielded) return PYGEN_RETURN;
-    self->yielded = 1;
-    return PYGEN_NEXT;
+    *result = Py_None; /* the await's value */
+    return PYGEN_RETURN;
 }
 
 /* send(value) and close(), as a generator has them, for a driver of the awaiting coroutine that

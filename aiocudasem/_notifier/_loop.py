@@ -267,9 +267,14 @@ class Notifier:
         A point that this loop armed already (a crowd's shared point) is parked on directly:
         the coroutine returned is ``_park()`` itself, so each waiter of a crowd has one
         coroutine less to resume when the crowd is woken."""
-        if point.token and not point.done and point.owner is self._ref:
+        if self._armed_here(point):
             return self._park(point, joined=True)
         return self._wait(point)
+
+    def _armed_here(self, point: Point) -> bool:
+        """Whether ``point`` is pending with a host function that this loop armed: its
+        waiters may park on it directly."""
+        return bool(point.token) and not point.done and point.owner is self._ref
 
     async def _wait(self, point: Point) -> None:
         if not point.done and not self._may_own(point):
@@ -470,7 +475,7 @@ class Notifier:
         ``joined``: this coroutine is a waiter of ``point`` from here on (see :meth:`wait`):
         it leaves the point at the end, and raises what the point failed with."""
         if joined:
-            if point.done or not point.token or point.owner is not self._ref:
+            if not self._armed_here(point):
                 # Finished or disarmed since wait() looked (the coroutine was not awaited at
                 # once): the general path, which passes its checkpoint.
                 await self._wait(point)
