@@ -131,6 +131,16 @@ async def fault_parked_waiters(sim: SimDriver, device: int, waiters: int) -> acs
     return doomed
 
 
+async def until_parked() -> None:
+    """Return once a coroutine of this process is parked (``statistics().parked``); fail
+    after 5 s."""
+    from aiocudasem.lowlevel import statistics
+
+    with anyio.fail_after(5):
+        while statistics().parked == 0:
+            await anyio.sleep(0.001)
+
+
 def wait_for_child(pid: int, timeout: float) -> int:
     """The exit code of forked child ``pid``; kill it and fail the test if it hangs."""
     deadline = time.monotonic() + timeout

@@ -17,6 +17,7 @@ import pytest
 import aiocudasem as acs
 from aiocudasem.lowlevel import SemOp
 from aiocudasem.testing import SimDriver, hold, import_sim_semaphore
+from tests.conftest import until_parked
 
 pytestmark = pytest.mark.anyio
 
@@ -238,9 +239,7 @@ async def test_detaching_a_stream_forgets_its_side_stream(sim: SimDriver) -> Non
         gate = hold(s)
         async with anyio.create_task_group() as tg:
             tg.start_soon(s.wait_complete)
-            with anyio.fail_after(5):
-                while statistics().parked == 0:
-                    await anyio.sleep(0.001)
+            await until_parked()
             assert statistics().side_streams == before + 1  # the same one
             gate.set()
         handle = s.detach()

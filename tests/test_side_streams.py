@@ -11,8 +11,8 @@ import pytest
 
 import aiocudasem as acs
 from aiocudasem._notifier._pools import destroy_stream
-from aiocudasem.lowlevel import statistics
 from aiocudasem.testing import SimDriver, hold, import_sim_semaphore
+from tests.conftest import until_parked
 
 pytestmark = pytest.mark.anyio
 
@@ -130,9 +130,7 @@ async def test_a_stream_makes_its_side_stream_when_opened_or_adopted(
                 gate = hold(stream)
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(stream.wait_complete)
-                    with anyio.fail_after(5):
-                        while statistics().parked == 0:
-                            await anyio.sleep(0.001)
+                    await until_parked()
                     gate.set()
             monkeypatch.undo()
             await borrowed.aclose()
@@ -218,9 +216,7 @@ async def test_a_foreign_stream_awaited_once_gets_a_side_stream_only_if_it_parks
         assert side_streams.count(sim) == before
         async with anyio.create_task_group() as tg:
             tg.start_soon(functools.partial(acs.wait_stream, h, driver=sim))  # parks: made now
-            with anyio.fail_after(5):
-                while statistics().parked == 0:
-                    await anyio.sleep(0.001)
+            await until_parked()
             assert side_streams.count(sim) == before + 1
             gate.set()
     finally:
@@ -287,9 +283,7 @@ async def test_a_lone_host_side_wait_takes_a_stream_that_has_its_side_stream(
             m.setattr(sim, "stream_create", no_new_streams)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(timeline.wait_value, 10)
-                with anyio.fail_after(5):
-                    while statistics().parked == 0:
-                        await anyio.sleep(0.001)
+                await until_parked()
                 timeline.signal(10)
     finally:
         configure(spin_limit=saved.spin_limit)

@@ -16,7 +16,7 @@ import aiocudasem as acs
 from aiocudasem._notifier import side_streams
 from aiocudasem.lowlevel import statistics as notifier_statistics
 from aiocudasem.testing import SimDriver, hold, import_sim_semaphore
-from tests.conftest import StallWatch
+from tests.conftest import StallWatch, until_parked
 
 pytestmark = pytest.mark.anyio
 
@@ -197,9 +197,7 @@ async def test_the_first_host_side_wait_of_a_semaphore_or_timeline_creates_no_st
     for waitable, release in ((sem, producer.signal), (timeline, timeline.signal)):
         async with anyio.create_task_group() as tg:
             tg.start_soon(waitable.wait_value, 1)
-            with anyio.fail_after(5):
-                while notifier_statistics().parked == 0:
-                    await anyio.sleep(0.001)
+            await until_parked()
             release(1)
     monkeypatch.undo()
     await sem.aclose()
