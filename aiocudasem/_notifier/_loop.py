@@ -34,7 +34,7 @@ try:  # trio needs it; asyncio alone does not (anyio then assumes asyncio, as he
 except ImportError:  # pragma: no cover - the test environment has trio, hence sniffio
     sniffio = None  # type: ignore[assignment]
 
-from .. import _log, _notify, _release
+from .. import _hotpath, _log, _notify, _release
 from .._errors import AiocudasemError, DeviceFaultError
 from . import _tuning
 from ._points import History, Point
@@ -782,15 +782,6 @@ _here = _Here()
 _deferred = _release._deferred  # releases that wait for a loop to run them (see _release)
 
 
-def current_notifier() -> Notifier:
-    """The notifier of the running event loop, created on first use and closed when the loop
-    ends."""
-    n = _here.notifier
-    if n is not None and not _deferred and n._serves_running_loop():
-        return n
-    return _find_notifier()
-
-
 def _find_notifier() -> Notifier:
     """:func:`current_notifier` the long way: after deferred releases, through anyio."""
     if _deferred:
@@ -814,6 +805,13 @@ def _find_notifier() -> Notifier:
     return n
 
 
+#: current_notifier() -> Notifier: the notifier of the running event loop, created on first use
+#: and closed when the loop ends. In C, as Finder: the notifier this thread used last
+#: (``_here.notifier``), if no release waits for a loop and it still serves the running loop;
+#: else _find_notifier().
+current_notifier: Callable[[], Notifier] = _hotpath.Finder(_here, _deferred, _find_notifier)
+
+
 # ---------------------------------------------------------------- the loop, cheaply
 #
 # Every await needs the running loop's notifier and its checkpoint. anyio finds the backend
@@ -833,8 +831,6 @@ def _library() -> str | None:
 
 _HISTORY_LIMIT = 4096  # wait histories of handles without a Stream that a notifier keeps
 
-_ASYNCIO_OR_UNSET = frozenset({None, "asyncio"})  # anyio.run sets sniffio's context variable
-
 
 def _never() -> bool:
     return False
@@ -844,29 +840,19 @@ def _running_check(library: str | None, token: object) -> Callable[[], bool]:
     """A test that the running loop is still the one of ``token``, at least as strict as
     sniffio's: a trio run sets sniffio's thread-local name (also as a guest on another loop), so
     an asyncio loop counts only while that name is unset and sniffio's context variable names
-    asyncio or nothing; anything else fails the test, and current_notifier() then asks anyio."""
+    asyncio or nothing (anyio.run sets it); anything else fails the test, and current_notifier()
+    then asks anyio. The test runs on every await: it is C (``_hotpath.LoopCheck``)."""
     if library == "asyncio":
         get_loop = asyncio.events._get_running_loop
         if sniffio is None:
-            return lambda: get_loop() is token
+            return _hotpath.LoopCheck("asyncio", token, get_loop, None, None)
         local, cvar = sniffio.thread_local, sniffio.current_async_library_cvar
-        return lambda: (
-            local.name is None and cvar.get() in _ASYNCIO_OR_UNSET and get_loop() is token
-        )
+        return _hotpath.LoopCheck("asyncio", token, get_loop, local, cvar)
     if library == "trio" and sniffio is not None:
         import trio
 
-        local, current = sniffio.thread_local, trio.lowlevel.current_trio_token
-
-        def trio_check() -> bool:
-            if local.name != "trio":
-                return False
-            try:
-                return current() is token
-            except RuntimeError:  # not inside trio.run
-                return False
-
-        return trio_check
+        local = sniffio.thread_local
+        return _hotpath.LoopCheck("trio", token, trio.lowlevel.current_trio_token, local, None)
     return _never
 
 

@@ -9,7 +9,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING
 
-from . import _tuning
+from .. import _hotpath
 from ._pools import give_back
 
 if TYPE_CHECKING:
@@ -20,54 +20,14 @@ if TYPE_CHECKING:
 
 __all__ = ("History", "Point")
 
-_PROBE_EVERY = 16  # a stream whose waits are long still spins on one wait in this many
 
-
-class History:
-    """How long the recent waits on one stream took, which sets how long the next one spins,
-    and the newest point parked on it, which later waits may share.
-
-    A :class:`~aiocudasem.Stream` keeps its own, which its waits and the points of its events
-    share; the notifier keeps one per stream handle for the library's private streams and for
-    foreign events."""
-
-    __slots__ = ("newest", "recent", "unspun")
-
-    def __init__(self) -> None:
-        self.recent = -1.0  # a moving average of the wait times in seconds; < 0: none yet
-        self.unspun = 0  # waits that did not spin since the last that did
-        # The newest point that a wait_complete() parked on: a wait that began before its
-        # event was recorded joins it rather than recording one of its own (see
-        # Notifier.shared_point()).
-        self.newest: Point | None = None
-
-    def learn(self, took: float) -> None:
-        """Add a wait that took ``took`` seconds: a moving average, except that a wait within
-        ``spin_limit`` where the average said longer starts it over. A parked wait's time
-        includes its wake-up, which can cost more than ``spin_limit`` itself; without the
-        reset, one long wait would leave a stream of short work parking for good."""
-        old = self.recent
-        if old < 0 or old > _tuning.current.spin_limit >= took:
-            self.recent = took
-        else:
-            self.recent = 0.75 * old + 0.25 * took
-
-    def spin_window(self) -> float:
-        """How long the next wait may spin, from its start: up to ``spin_limit``, about twice
-        what the recent waits took. If they took longer than the limit, not at all, but for one
-        wait in ``_PROBE_EVERY``, which spins the whole limit: if it catches the work, the
-        stream's waits are short again (see :meth:`learn`)."""
-        limit = _tuning.current.spin_limit
-        recent = self.recent
-        if recent < 0:
-            return limit
-        if recent > limit:
-            self.unspun += 1
-            if self.unspun < _PROBE_EVERY:
-                return 0.0
-            self.unspun = 0
-            return limit
-        return min(limit, 2.0 * recent + 20e-6)
+#: How long the recent waits on one stream took, which sets how long the next one spins
+#: (``spin_window()``, ``learn(took)``), and the newest point parked on it (``newest``), which
+#: later waits may share. A :class:`~aiocudasem.Stream` keeps its own, which its waits and the
+#: points of its events share; the notifier keeps one per stream handle for the library's
+#: private streams and for foreign events. In C (``_hotpath.History``): every await of short
+#: work updates one. Its rules are documented there and in docs/architecture.md.
+History = _hotpath.History
 
 
 class Point:

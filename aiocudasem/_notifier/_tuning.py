@@ -3,7 +3,8 @@
 The settings in force are the module attribute ``current``, which :func:`configure` replaces
 with a new frozen :class:`Tuning`. Read them as ``_tuning.current`` at the time of use: a name
 bound to the object (``from ._tuning import current``) would keep the settings of the moment it
-was imported.
+was imported. The spin limit is also handed to the C wait history (``_hotpath.History``),
+which reads it on every await: :func:`configure` does both.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from typing import Final
+
+from .. import _hotpath
 
 __all__ = ("Tuning", "configure")
 
@@ -38,6 +41,7 @@ class Tuning:
 
 
 current = Tuning()
+_hotpath.set_spin_limit(current.spin_limit)
 
 _SPIN_LIMIT_MAX: Final = 60.0
 _SPINNERS_MAX: Final = 1 << 16
@@ -90,5 +94,6 @@ def configure(
             choices = " or ".join(map(repr, _WAKE_CHOICES))
             raise ValueError(f"wake must be {choices}, got {wake!r}")
         new = replace(new, wake=wake)
+    _hotpath.set_spin_limit(new.spin_limit)
     current = new
     return new
