@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import anyio
 
 import aiocudasem as acs
+from aiocudasem._notify import yield_once
 from aiocudasem.lowlevel import HostNotifier, configure
 
 # ---------------------------------------------------------------- approaches
@@ -78,6 +79,34 @@ class PollSleep0(Approach):
         async def wait() -> None:
             while not q(h):
                 await asyncio.sleep(0)
+
+        return wait
+
+
+class CheckpointFloor(Approach):
+    """What any await that is a checkpoint costs, with no library around it: the loop's bare
+    yield (the one that ``asyncio.sleep(0)`` makes, and the library's asyncio checkpoint), then
+    one cuStreamQuery, repeated until the stream is idle. Unlike polling it yields before its
+    first query, as every await of aiocudasem does (see docs/performance.md)."""
+
+    name, label = (
+        "checkpoint",
+        "checkpoint + cuStreamQuery (an await that is a checkpoint; no library)",
+    )
+
+    async def wait(self, h: int) -> None:
+        q, checkpoint = self.drv.stream_query, yield_once
+        await checkpoint()
+        while not q(h):
+            await checkpoint()
+
+    def waiter(self, h: int) -> Callable[[], Awaitable[None]]:
+        q, checkpoint = self.drv.stream_query, yield_once
+
+        async def wait() -> None:
+            await checkpoint()
+            while not q(h):
+                await checkpoint()
 
         return wait
 
@@ -308,6 +337,7 @@ ALL = [
     BlockingSync,
     ToThread,
     PollSleep0,
+    CheckpointFloor,
     PollSleep1ms,
     PythonCallback,
     CupyHostFunc,

@@ -305,6 +305,10 @@ class GcPauses:
 SPLIT_APPROACHES: Final = ("sync", "poll0", "pycallback", "aiocudasem_parked", "aiocudasem")
 
 
+#: The approaches whose crowds of 10,000 awaiters are measured.
+CROWD_APPROACHES: Final = ("poll0", "checkpoint", "pycallback", "aiocudasem")
+
+
 def _rotated(items: list[Any], r: int) -> list[Any]:
     """Round ``r``'s order: each round starts one place later, so that drift in the machine
     (clocks, other tenants) falls on every approach alike."""
@@ -369,12 +373,12 @@ async def measure(b: Bench, ap: Approach, n: int, tput_s: float) -> dict[str, An
     run["awaits_per_s_8"] = await b.throughput(ap, 8, tput_s)
     if b.split and ap.name in SPLIT_APPROACHES:
         run["awaits_per_s_8_split"] = await b.throughput(ap, 8, tput_s, b.split)
-    if ap.name not in ("sync", "torch_to_thread", "to_thread"):
+    if ap.name not in ("sync", "torch_to_thread", "to_thread", "checkpoint"):
         run["cpu_parked"] = await b.cpu_parked(ap)
         run["cpu_parked_threads"] = b.cpu_threads.get(ap.name, {})
     if hasattr(ap, "enqueue") or ap.name == "sync":
         run["stall_us"] = await b.stall(ap)
-    if ap.name in ("aiocudasem", "poll0", "pycallback"):
+    if ap.name in CROWD_APPROACHES:
         run["many"] = await b.many(ap)
         run["many_parked"] = await b.many(ap, kernel_ns=PARKED_KERNEL_NS, collect=True)
     say(
@@ -386,7 +390,7 @@ async def measure(b: Bench, ap: Approach, n: int, tput_s: float) -> dict[str, An
 
 
 #: The approaches measured on trio, by the names of their asyncio counterparts.
-TRIO_APPROACHES = ("sync", "poll0", "to_thread", "aiocudasem")
+TRIO_APPROACHES = ("sync", "poll0", "checkpoint", "to_thread", "aiocudasem")
 
 
 async def run_trio(b: Bench, repeats: int, names: Collection[str] = TRIO_APPROACHES) -> None:
@@ -411,6 +415,25 @@ async def run_trio(b: Bench, repeats: int, names: Collection[str] = TRIO_APPROAC
 
             return wait
 
+    class TrioCheckpoint(Approach):
+        name, label = "checkpoint", "trio.lowlevel.checkpoint() + cuStreamQuery (no library)"
+
+        async def wait(self, h: int) -> None:
+            q, checkpoint = self.drv.stream_query, trio.lowlevel.checkpoint
+            await checkpoint()
+            while not q(h):
+                await checkpoint()
+
+        def waiter(self, h: int) -> Callable[[], Awaitable[None]]:
+            q, checkpoint = self.drv.stream_query, trio.lowlevel.checkpoint
+
+            async def wait() -> None:
+                await checkpoint()
+                while not q(h):
+                    await checkpoint()
+
+            return wait
+
     class TrioToThread(Approach):
         name, label = "to_thread", "trio.to_thread.run_sync(synchronize)"
 
@@ -420,7 +443,13 @@ async def run_trio(b: Bench, repeats: int, names: Collection[str] = TRIO_APPROAC
     n = 60 if b.quick else 300
     tput_s = THROUGHPUT_S / 2 if b.quick else THROUGHPUT_S
     out = b.results.setdefault("trio", {})
-    every = [BlockingSync(b.drv), TrioPoll0(b.drv), TrioToThread(b.drv), Aiocudasem(b.drv)]
+    every = [
+        BlockingSync(b.drv),
+        TrioPoll0(b.drv),
+        TrioCheckpoint(b.drv),
+        TrioToThread(b.drv),
+        Aiocudasem(b.drv),
+    ]
     approaches = [ap for ap in every if ap.name in names]
     progress = Progress(repeats * len(approaches))
     for r in range(repeats):
