@@ -213,7 +213,27 @@ class Probe:
         checkpoint = await per_await(sleep0())
         out.append(("the loop's checkpoint (sleep(0) / trio checkpoint)", checkpoint))
         out.append(("anyio.lowlevel.checkpoint()", await per_await(anyio.lowlevel.checkpoint)))
-        out.append(("await wait_complete(), idle stream", await per_await(s.wait_complete)))
+
+        # The library's own cost per await, without kernels: an idle stream, so that every
+        # await is one checkpoint and one query. The floor makes the same checkpoint (the
+        # library's) and query with no library code. Alternated, the median of seven each.
+        lib_checkpoint, query = current_notifier().checkpoint, drv.stream_query
+
+        async def floor() -> None:
+            await lib_checkpoint()
+            query(h)
+
+        pairs: dict[str, list[float]] = {"floor": [], "lib": []}
+        for _ in range(7):
+            pairs["floor"].append(await per_await(floor, 20_000))
+            pairs["lib"].append(await per_await(s.wait_complete, 20_000))
+        f, lib = statistics.median(pairs["floor"]), statistics.median(pairs["lib"])
+        out.append(("floor: the library's checkpoint + stream_query, idle", f))
+        out.append(("await wait_complete(), idle stream", lib))
+        diffs = sorted(b - a for a, b in zip(pairs["floor"], pairs["lib"], strict=True))
+        out.append(("  the library's own, per await (median of 7 pairs)", statistics.median(diffs)))
+        pairs_us = ", ".join(f"{d:.2f}" for d in diffs)
+        say(f"  library over floor, idle stream, the 7 pairs: {pairs_us} us")
         return out
 
 
@@ -228,9 +248,21 @@ async def run_backend(probe: Probe, seconds: float, rounds: int) -> None:
         for counted in (False, True):
             kinds = ("poll", "floor", "aiocudasem") if not counted else ("poll", "aiocudasem")
             res: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
-            for _ in range(rounds if not counted else 1):
-                for kind in res:
+            for r in range(rounds if not counted else 1):
+                order = list(res)
+                for kind in order[r % len(order) :] + order[: r % len(order)]:
                     res[kind].append(await probe.loop(kind, n, seconds, counted))
+            if not counted:
+                for other in ("poll", "floor"):
+                    ratios = sorted(
+                        a["per_s"] / b["per_s"]
+                        for a, b in zip(res["aiocudasem"], res[other], strict=True)
+                    )
+                    say(
+                        f"  paired  {n} stream(s) aiocudasem / {other}: median "
+                        f"{statistics.median(ratios):.2f} [{ratios[0]:.2f}-{ratios[-1]:.2f}] "
+                        f"over {len(ratios)} rounds"
+                    )
             for kind, runs in res.items():
                 med = statistics.median(r["per_s"] for r in runs)
                 lo, hi = min(r["per_s"] for r in runs), max(r["per_s"] for r in runs)
@@ -252,8 +284,8 @@ async def run_backend(probe: Probe, seconds: float, rounds: int) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--driver", default=None, help="cuda (default) or sim")
-    ap.add_argument("--seconds", type=float, default=0.5, help="per throughput figure")
-    ap.add_argument("--rounds", type=int, default=3, help="timed rounds, interleaved")
+    ap.add_argument("--seconds", type=float, default=0.2, help="per throughput figure")
+    ap.add_argument("--rounds", type=int, default=9, help="timed rounds, interleaved")
     args = ap.parse_args()
     drv = acs.get_driver(args.driver or os.environ.get("AIOCUDASEM_DRIVER") or "cuda")
     probe = Probe(drv)
