@@ -54,7 +54,11 @@ static int loop_check(LoopCheckObject *c) {
     if (c->kind == KIND_ASYNCIO && c->cvar != Py_None) {
         PyObject *v = NULL;
         if (PyContextVar_Get(c->cvar, NULL, &v) < 0) return -1;
-        int ok = v == NULL || v == Py_None || is_str(v, str_asyncio); /* unset counts */
+        if (v == NULL) { /* no value and no default: what cvar.get() raises */
+            PyErr_SetObject(PyExc_LookupError, c->cvar);
+            return -1;
+        }
+        int ok = v == Py_None || is_str(v, str_asyncio);
         Py_XDECREF(v);
         if (!ok) return 0;
     }
@@ -148,7 +152,7 @@ static PyTypeObject LoopCheckType = {
     .tp_name = "aiocudasem._hotpath.LoopCheck",
     .tp_basicsize = sizeof(LoopCheckObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "LoopCheck(library, token, probe, local, cvar): called with no arguments, True "
+    .tp_doc = "LoopCheck(library, token, probe, local, cvar)\n--\n\nCalled with no arguments, True "
               "while the running loop is the token's ('asyncio' or 'trio'; see "
               "_loop._running_check()).",
     .tp_new = LoopCheck_new,
@@ -250,7 +254,7 @@ static PyTypeObject FinderType = {
     .tp_name = "aiocudasem._hotpath.Finder",
     .tp_basicsize = sizeof(FinderObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "Finder(here, deferred, slow): called with no arguments, here.notifier if "
+    .tp_doc = "Finder(here, deferred, slow)\n--\n\nCalled with no arguments, here.notifier if "
               "deferred is empty and the notifier serves the running loop, else slow().",
     .tp_new = Finder_new,
     .tp_vectorcall_offset = offsetof(FinderObject, vectorcall),
@@ -302,7 +306,10 @@ static PyObject *History_spin_window(HistoryObject *h, PyObject *Py_UNUSED(ignor
     double limit = spin_limit, recent = h->recent;
     if (recent < 0) return PyFloat_FromDouble(limit);
     if (recent > limit) {
-        if (++h->unspun < PROBE_EVERY) return PyFloat_FromDouble(0.0);
+        if (h->unspun < PROBE_EVERY - 1) { /* also for any value set from outside */
+            h->unspun++;
+            return PyFloat_FromDouble(0.0);
+        }
         h->unspun = 0;
         return PyFloat_FromDouble(limit);
     }
@@ -375,7 +382,7 @@ static PyTypeObject HistoryType = {
     .tp_name = "aiocudasem._hotpath.History",
     .tp_basicsize = sizeof(HistoryObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "How long the recent waits on one stream took, which sets how long the next one "
+    .tp_doc = "History()\n--\n\nHow long the recent waits on one stream took, which sets how long the next one "
               "spins, and the newest point parked on it, which later waits may share.",
     .tp_new = History_new,
     .tp_traverse = (traverseproc)History_traverse,

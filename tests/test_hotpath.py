@@ -117,7 +117,7 @@ def test_a_check_passes_on_what_its_probe_raises_but_trio_s_outside_a_run() -> N
 
 def test_a_loop_check_refuses_bad_arguments() -> None:
     with pytest.raises(ValueError, match="asyncio' or 'trio"):
-        _hotpath.LoopCheck("curio", 1, get_loop, None, None)
+        _hotpath.LoopCheck("curio", 1, get_loop, None, None)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         _hotpath.LoopCheck(b"asyncio", 1, get_loop, None, None)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="callable"):
@@ -201,7 +201,7 @@ def test_the_finder_and_check_are_collected_with_the_cycles_they_sit_in() -> Non
     here = threading.local()
     finder = _hotpath.Finder(here, collections.deque(), lambda: None)
     here.finder = finder
-    gone = [weakref.ref(token), weakref.ref(here)]
+    gone: list[weakref.ref[Any]] = [weakref.ref(token), weakref.ref(here)]
     del token, check, here, finder
     gc.collect()
     assert [r() for r in gone] == [None, None]
@@ -237,7 +237,7 @@ def test_a_history_keeps_its_newest_point_and_refuses_bad_input() -> None:
     history = _hotpath.History()
     assert (history.newest, history.recent, history.unspun) == (None, -1.0, 0)
     point = object()
-    history.newest = point
+    history.newest = point  # type: ignore[assignment]
     assert history.newest is point
     history.newest = None
     assert history.newest is None
@@ -258,7 +258,7 @@ def test_a_history_and_the_point_it_names_are_collected_together() -> None:
     history = _hotpath.History()
     point = Point()
     point.history = history  # type: ignore[attr-defined]
-    history.newest = point
+    history.newest = point  # type: ignore[assignment]
     gone = weakref.ref(point)
     del history, point
     gc.collect()
@@ -277,3 +277,131 @@ async def test_the_running_notifier_is_found_by_the_c_finder() -> None:
     ctx = contextvars.copy_context()
     assert ctx.run(n._serves_running_loop) is True
     await anyio.lowlevel.checkpoint()
+
+
+class _PythonHistory:
+    """The Python History that the C type replaced, kept here as the reference."""
+
+    def __init__(self) -> None:
+        self.recent = -1.0
+        self.unspun = 0
+
+    def learn(self, took: float) -> None:
+        old = self.recent
+        if old < 0 or old > _tuning.current.spin_limit >= took:
+            self.recent = took
+        else:
+            self.recent = 0.75 * old + 0.25 * took
+
+    def spin_window(self) -> float:
+        limit = _tuning.current.spin_limit
+        recent = self.recent
+        if recent < 0:
+            return limit
+        if recent > limit:
+            self.unspun += 1
+            if self.unspun < _hotpath.PROBE_EVERY:
+                return 0.0
+            self.unspun = 0
+            return limit
+        return min(limit, 2.0 * recent + 20e-6)
+
+
+def test_the_c_history_matches_the_python_one_it_replaced() -> None:
+    import math
+    import random
+
+    def same(a: float, b: float) -> bool:
+        return a == b or (math.isnan(a) and math.isnan(b))
+
+    saved = acs.configure()
+    rng = random.Random(8)
+    limit = saved.spin_limit
+    special = [0.0, limit, limit * 2, 1.0, 3, float("nan"), float("inf"), 1e-7]
+    try:
+        for _ in range(200):
+            c, p = _hotpath.History(), _PythonHistory()
+            for _ in range(60):
+                step = rng.random()
+                if step < 0.05:
+                    acs.configure(spin_limit=rng.choice([0.0, 1e-4, 250e-6, 0.01]))
+                elif step < 0.55:
+                    took = rng.choice(special) if rng.random() < 0.2 else rng.expovariate(3e3)
+                    c.learn(took)
+                    p.learn(took)
+                    assert same(c.recent, p.recent)
+                else:
+                    assert same(c.spin_window(), p.spin_window())
+                    assert c.unspun == p.unspun
+    finally:
+        acs.configure(spin_limit=saved.spin_limit)
+
+
+def test_a_history_set_from_outside_still_probes() -> None:
+    history = _hotpath.History()
+    history.learn(1.0)  # long
+    history.unspun = 2**31 - 1
+    assert history.spin_window() == _hotpath.get_spin_limit()  # the probe, and a fresh count
+    assert history.unspun == 0
+    history.unspun = -3
+    assert history.spin_window() == 0.0
+    assert history.unspun == -2
+
+
+def test_an_asyncio_check_on_a_context_variable_without_default_raises_as_get_would() -> None:
+    cvar: contextvars.ContextVar[str] = contextvars.ContextVar("no_default")
+
+    async def main() -> bool:
+        check = _hotpath.LoopCheck("asyncio", asyncio.get_running_loop(), get_loop, None, cvar)  # type: ignore[arg-type]
+        with pytest.raises(LookupError):
+            check()
+        cvar.set("asyncio")
+        return check()
+
+    assert asyncio.run(main()) is True
+
+
+def test_the_finder_falls_back_for_a_trio_notifier_outside_its_run() -> None:
+    here = threading.local()
+    check = _hotpath.LoopCheck(
+        "trio", object(), trio.lowlevel.current_trio_token, sniffio.thread_local, None
+    )
+    here.notifier = _Notifier(check)
+    fallback = object()
+    sniffio.thread_local.name = "trio"  # as in a run, but there is none: RuntimeError inside
+    try:
+        assert _hotpath.Finder(here, collections.deque(), lambda: fallback)() is fallback
+    finally:
+        sniffio.thread_local.name = None
+
+
+def test_the_finder_and_check_keep_reference_counts_on_every_path() -> None:
+    import sys
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        here = threading.local()
+        deferred: collections.deque[object] = collections.deque()
+        fallback = object()
+        check = asyncio_check(loop)
+        n = _Notifier(check)
+        here.notifier = n
+
+        def boom() -> bool:
+            raise KeyError
+
+        finder = _hotpath.Finder(here, deferred, lambda: fallback)
+        counted = (n, check, loop, fallback, here)
+        before = [sys.getrefcount(o) for o in counted]
+        for _ in range(1000):
+            assert finder() is n  # the fast path
+            deferred.append(1)
+            assert finder() is fallback  # a release waits
+            deferred.clear()
+            n._serves_running_loop = boom
+            with pytest.raises(KeyError):
+                finder()  # the check raises
+            n._serves_running_loop = check
+        assert [sys.getrefcount(o) for o in counted] == before
+
+    asyncio.run(main())

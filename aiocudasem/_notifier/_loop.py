@@ -808,7 +808,8 @@ def _find_notifier() -> Notifier:
 #: current_notifier() -> Notifier: the notifier of the running event loop, created on first use
 #: and closed when the loop ends. In C, as Finder: the notifier this thread used last
 #: (``_here.notifier``), if no release waits for a loop and it still serves the running loop;
-#: else _find_notifier().
+#: else _find_notifier(). It holds these three objects from import on: replacing the module's
+#: names later does not reach it.
 current_notifier: Callable[[], Notifier] = _hotpath.Finder(_here, _deferred, _find_notifier)
 
 
