@@ -19,7 +19,7 @@ import aiocudasem as acs
 from aiocudasem.lowlevel import configure
 from aiocudasem.testing import workloads
 
-from ._approaches import Aiocudasem, Approach, BlockingSync
+from ._approaches import Aiocudasem, Approach, BlockingSync, CheckpointFloor
 from ._common import KERNEL_NS, US, pct, say, thread_cpu
 
 #: How long each throughput figure counts awaits, per round: some 30,000 awaits on an H200; the
@@ -415,24 +415,9 @@ async def run_trio(b: Bench, repeats: int, names: Collection[str] = TRIO_APPROAC
 
             return wait
 
-    class TrioCheckpoint(Approach):
-        name, label = "checkpoint", "trio.lowlevel.checkpoint() + cuStreamQuery (no library)"
-
-        async def wait(self, h: int) -> None:
-            q, checkpoint = self.drv.stream_query, trio.lowlevel.checkpoint
-            await checkpoint()
-            while not q(h):
-                await checkpoint()
-
-        def waiter(self, h: int) -> Callable[[], Awaitable[None]]:
-            q, checkpoint = self.drv.stream_query, trio.lowlevel.checkpoint
-
-            async def wait() -> None:
-                await checkpoint()
-                while not q(h):
-                    await checkpoint()
-
-            return wait
+    class TrioCheckpoint(CheckpointFloor):
+        label = "trio.lowlevel.checkpoint() + cuStreamQuery (no library)"
+        checkpoint = staticmethod(trio.lowlevel.checkpoint)
 
     class TrioToThread(Approach):
         name, label = "to_thread", "trio.to_thread.run_sync(synchronize)"
