@@ -266,8 +266,9 @@ static PyTypeObject FinderType = {
 
 /* ------------------------------------------------------------------ History */
 
-/* The spin limit in force (Tuning.spin_limit), handed over by _tuning.configure(). */
-static double spin_limit = 250e-6;
+/* The spin limit in force (Tuning.spin_limit): _tuning hands it over when it is imported and
+ * whenever configure() changes it, so Tuning's default is the only one. */
+static double spin_limit = 0.0;
 
 #define PROBE_EVERY 16 /* a stream whose waits are long still spins on one wait in this many */
 

@@ -12,13 +12,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import (
-    AsyncGenerator,
-    Awaitable,
-    Callable,
-    Coroutine,
-    Iterable,
-)
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 import anyio
