@@ -1,18 +1,20 @@
 /*
- * The two steps of every await that are not the loop's or the driver's: finding the running
- * loop's notifier, and updating the stream's wait history. In Python they cost more than the
- * rest of an await of finished work put together (see docs/architecture.md, "The hot path in
- * C"); here they are a few attribute reads and one call of the loop's own lookup.
+ * The steps of every await that are not the loop's or the driver's: finding the running loop's
+ * notifier, updating the stream's wait history, and, on asyncio, the first checkpoint and query
+ * of Stream.wait_complete() with its bookkeeping. In Python they cost more than the rest of an
+ * await of finished work put together (see docs/architecture.md, "The hot path in C"); here
+ * they are a few field reads, one call of the loop's own lookup and one of the driver's query.
  *
- * Nothing here calls CUDA or blocks. Every object is an ordinary Python object: the logic is the
- * one the Python modules describe (_notifier/_loop.py, _notifier/_points.py), moved, not
- * changed.
+ * Nothing here blocks; the only driver call is the query that Python hands over. Every object
+ * is an ordinary Python object: the logic is the one the Python modules describe
+ * (_notifier/_loop.py, _notifier/_points.py, _stream.py), moved, not changed.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <time.h>
 
-static PyObject *str_name, *str_notifier, *str_serves, *str_asyncio, *str_trio;
+static PyObject *str_name, *str___dict__, *str_runner, *str_notifier, *str_serves, *str_asyncio, *str_trio;
 
 /* ------------------------------------------------------------------ LoopCheck */
 
@@ -34,6 +36,24 @@ typedef struct {
     PyObject *probe; /* asyncio._get_running_loop or trio.lowlevel.current_trio_token */
     PyObject *local; /* sniffio.thread_local, or None */
     PyObject *cvar;  /* sniffio.current_async_library_cvar, or None */
+    /* local.name without the thread-local lookup (about 0.15 us of an await): the dict that
+     * holds `local`'s attributes in one thread, which stays the same for the thread's life,
+     * and the thread state it belongs to, by its id (never reused, unlike a thread ident).
+     * A name that the dict lacks is the class's: `default`. `generic` (a local that is not a
+     * plain threading.local, or a class attribute that is a descriptor): read the name the
+     * generic way every time. */
+    PyObject *ldict;
+    uint64_t tsid;
+    PyObject *default_name;
+    int generic;
+    /* trio, where its run context is known (_loop._trio_run_context()): the thread-local that
+     * holds the running trio run's Runner, and this run's. The probe is then a read of that
+     * local's dict in this thread (cached as above), not a call of current_trio_token(), whose
+     * token belongs to exactly one Runner. NULL: call the probe. */
+    PyObject *context;
+    PyObject *runner;
+    PyObject *cdict;
+    uint64_t ctsid;
 } LoopCheckObject;
 
 static PyTypeObject LoopCheckType;
@@ -42,10 +62,47 @@ static int is_str(PyObject *v, PyObject *s) {
     return PyUnicode_Check(v) && PyUnicode_Compare(v, s) == 0;
 }
 
+static PyTypeObject *thread_local_type; /* _thread._local */
+
+/* The dict of a threading.local's attributes in this thread, remembered in *cache with the
+ * thread state's id: borrowed, or NULL with an exception set, or NULL without one if the
+ * local's __dict__ is not a plain dict. */
+static PyObject *thread_dict(PyObject *local, PyObject **cache, uint64_t *tsid) {
+    uint64_t id = PyThreadState_GetID(PyThreadState_Get());
+    if (*cache == NULL || *tsid != id) {
+        PyObject *d = PyObject_GetAttr(local, str___dict__);
+        if (d == NULL) return NULL;
+        if (!PyDict_CheckExact(d)) {
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_XSETREF(*cache, d);
+        *tsid = id;
+    }
+    return *cache;
+}
+
+/* local.name for this thread, as getattr() reads it: a new reference, or NULL. */
+static PyObject *local_name(LoopCheckObject *c) {
+    if (c->generic) return PyObject_GetAttr(c->local, str_name);
+    PyObject *d = thread_dict(c->local, &c->ldict, &c->tsid);
+    if (d == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        c->generic = 1;
+        return PyObject_GetAttr(c->local, str_name);
+    }
+    PyObject *v = PyDict_GetItemWithError(d, str_name); /* borrowed */
+    if (v == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        v = c->default_name;
+    }
+    return Py_NewRef(v);
+}
+
 /* 1: it is the token's loop; 0: it is not; -1: an exception is set. */
 static int loop_check(LoopCheckObject *c) {
     if (c->local != Py_None) {
-        PyObject *name = PyObject_GetAttr(c->local, str_name);
+        PyObject *name = local_name(c);
         if (name == NULL) return -1;
         int ok = c->kind == KIND_ASYNCIO ? name == Py_None : is_str(name, str_trio);
         Py_DECREF(name);
@@ -61,6 +118,16 @@ static int loop_check(LoopCheckObject *c) {
         int ok = v == Py_None || is_str(v, str_asyncio);
         Py_XDECREF(v);
         if (!ok) return 0;
+    }
+    if (c->runner != NULL) {
+        PyObject *d = thread_dict(c->context, &c->cdict, &c->ctsid);
+        if (d != NULL) {
+            PyObject *runner = PyDict_GetItemWithError(d, str_runner); /* borrowed */
+            if (runner == NULL && PyErr_Occurred()) return -1;
+            return runner == c->runner; /* none: not inside trio.run, as the probe says */
+        }
+        if (PyErr_Occurred()) return -1;
+        Py_CLEAR(c->runner); /* not a plain thread-local after all: the probe from now on */
     }
     PyObject *r = PyObject_CallNoArgs(c->probe);
     if (r == NULL) {
@@ -87,10 +154,11 @@ static PyObject *LoopCheck_vectorcall(PyObject *self, PyObject *const *Py_UNUSED
 }
 
 static PyObject *LoopCheck_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"library", "token", "probe", "local", "cvar", NULL};
-    PyObject *library, *token, *probe, *local, *cvar;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "UOOOO:LoopCheck", kwlist, &library, &token,
-                                     &probe, &local, &cvar))
+    static char *kwlist[] = {"library", "token", "probe", "local", "cvar", "context", "runner",
+                             NULL};
+    PyObject *library, *token, *probe, *local, *cvar, *context = Py_None, *runner = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "UOOOO|$OO:LoopCheck", kwlist, &library, &token,
+                                     &probe, &local, &cvar, &context, &runner))
         return NULL;
     int kind;
     if (PyUnicode_Compare(library, str_asyncio) == 0) {
@@ -114,6 +182,16 @@ static PyObject *LoopCheck_new(PyTypeObject *type, PyObject *args, PyObject *kwd
         PyErr_SetString(PyExc_TypeError, "cvar must be a contextvars.ContextVar or None");
         return NULL;
     }
+    if ((context == Py_None) != (runner == Py_None)) {
+        PyErr_SetString(PyExc_TypeError, "context and runner go together");
+        return NULL;
+    }
+    if (context != Py_None && (kind != KIND_TRIO || !PyObject_TypeCheck(context, thread_local_type) ||
+                               Py_TYPE(context)->tp_getattro != thread_local_type->tp_getattro)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "context must be a plain threading.local, and only for trio");
+        return NULL;
+    }
     LoopCheckObject *c = (LoopCheckObject *)type->tp_alloc(type, 0);
     if (c == NULL) return NULL;
     c->vectorcall = LoopCheck_vectorcall;
@@ -122,6 +200,32 @@ static PyObject *LoopCheck_new(PyTypeObject *type, PyObject *args, PyObject *kwd
     c->probe = Py_NewRef(probe);
     c->local = Py_NewRef(local);
     c->cvar = Py_NewRef(cvar);
+    c->ldict = NULL;
+    c->tsid = 0;
+    c->default_name = NULL;
+    c->generic = 1;
+    c->context = context == Py_None ? NULL : Py_NewRef(context);
+    c->runner = runner == Py_None ? NULL : Py_NewRef(runner);
+    c->cdict = NULL;
+    c->ctsid = 0;
+    if (local != Py_None && PyObject_TypeCheck(local, thread_local_type) &&
+        Py_TYPE(local)->tp_getattro == thread_local_type->tp_getattro) {
+        /* The class's own `name`, if it is a plain value: what a thread that never set one
+         * reads. A descriptor, or none at all, leaves the generic read. */
+        PyObject *d = PyObject_GetAttr((PyObject *)Py_TYPE(local), str_name);
+        if (d == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+                Py_DECREF(c);
+                return NULL;
+            }
+            PyErr_Clear();
+        } else if (Py_TYPE(d)->tp_descr_get == NULL && Py_TYPE(d)->tp_descr_set == NULL) {
+            c->default_name = d;
+            c->generic = 0;
+        } else {
+            Py_DECREF(d);
+        }
+    }
     return (PyObject *)c;
 }
 
@@ -130,6 +234,11 @@ static int LoopCheck_traverse(LoopCheckObject *c, visitproc visit, void *arg) {
     Py_VISIT(c->probe);
     Py_VISIT(c->local);
     Py_VISIT(c->cvar);
+    Py_VISIT(c->ldict);
+    Py_VISIT(c->default_name);
+    Py_VISIT(c->context);
+    Py_VISIT(c->runner);
+    Py_VISIT(c->cdict);
     return 0;
 }
 
@@ -138,6 +247,12 @@ static int LoopCheck_clear(LoopCheckObject *c) {
     Py_CLEAR(c->probe);
     Py_CLEAR(c->local);
     Py_CLEAR(c->cvar);
+    Py_CLEAR(c->ldict);
+    Py_CLEAR(c->default_name);
+    Py_CLEAR(c->context);
+    Py_CLEAR(c->runner);
+    Py_CLEAR(c->cdict);
+    c->generic = 1;
     return 0;
 }
 
@@ -152,9 +267,11 @@ static PyTypeObject LoopCheckType = {
     .tp_name = "aiocudasem._hotpath.LoopCheck",
     .tp_basicsize = sizeof(LoopCheckObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "LoopCheck(library, token, probe, local, cvar)\n--\n\nCalled with no arguments, True "
-              "while the running loop is the token's ('asyncio' or 'trio'; see "
-              "_loop._running_check()).",
+    .tp_doc = "LoopCheck(library, token, probe, local, cvar, *, context=None, runner=None)\n--\n\n"
+              "Called with no arguments, True while the running loop is the token's ('asyncio' "
+              "or 'trio'; see _loop._running_check()). For trio, `context` and `runner`: the "
+              "thread-local that holds the running Runner, and the token's, read instead of "
+              "calling the probe.",
     .tp_new = LoopCheck_new,
     .tp_vectorcall_offset = offsetof(LoopCheckObject, vectorcall),
     .tp_call = PyVectorcall_Call,
@@ -174,6 +291,12 @@ typedef struct {
     PyObject *here;
     PyObject *deferred;
     PyObject *slow;
+    /* The notifier found last and the thread that found it: the same as here.notifier for
+     * that thread, read without the thread-local lookup (about 0.2 us of an await). The
+     * thread is its thread state's id, never reused. Another thread reads here.notifier and
+     * takes the slot over. */
+    uint64_t ident;
+    PyObject *last;
 } FinderObject;
 
 static PyObject *Finder_vectorcall(PyObject *self, PyObject *const *Py_UNUSED(args),
@@ -183,8 +306,14 @@ static PyObject *Finder_vectorcall(PyObject *self, PyObject *const *Py_UNUSED(ar
         PyErr_SetString(PyExc_TypeError, "current_notifier() takes no arguments");
         return NULL;
     }
-    PyObject *n = PyObject_GetAttr(f->here, str_notifier);
-    if (n == NULL) return NULL;
+    uint64_t me = PyThreadState_GetID(PyThreadState_Get());
+    PyObject *n;
+    if (f->last != NULL && f->ident == me) {
+        n = Py_NewRef(f->last);
+    } else {
+        n = PyObject_GetAttr(f->here, str_notifier);
+        if (n == NULL) return NULL;
+    }
     if (n != Py_None) {
         Py_ssize_t pending = PyObject_Length(f->deferred);
         if (pending < 0) goto error;
@@ -201,11 +330,20 @@ static PyObject *Finder_vectorcall(PyObject *self, PyObject *const *Py_UNUSED(ar
             }
             Py_DECREF(check);
             if (ok < 0) goto error;
-            if (ok) return n;
+            if (ok) {
+                if (f->last != n) Py_XSETREF(f->last, Py_NewRef(n));
+                f->ident = me;
+                return n;
+            }
         }
     }
     Py_DECREF(n);
-    return PyObject_CallNoArgs(f->slow);
+    n = PyObject_CallNoArgs(f->slow);
+    if (n != NULL && n != Py_None) {
+        Py_XSETREF(f->last, Py_NewRef(n));
+        f->ident = me;
+    }
+    return n;
 error:
     Py_DECREF(n);
     return NULL;
@@ -226,6 +364,8 @@ static PyObject *Finder_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     f->here = Py_NewRef(here);
     f->deferred = Py_NewRef(deferred);
     f->slow = Py_NewRef(slow);
+    f->ident = 0;
+    f->last = NULL;
     return (PyObject *)f;
 }
 
@@ -233,6 +373,7 @@ static int Finder_traverse(FinderObject *f, visitproc visit, void *arg) {
     Py_VISIT(f->here);
     Py_VISIT(f->deferred);
     Py_VISIT(f->slow);
+    Py_VISIT(f->last);
     return 0;
 }
 
@@ -240,6 +381,7 @@ static int Finder_clear(FinderObject *f) {
     Py_CLEAR(f->here);
     Py_CLEAR(f->deferred);
     Py_CLEAR(f->slow);
+    Py_CLEAR(f->last);
     return 0;
 }
 
@@ -277,6 +419,7 @@ typedef struct {
     PyObject *newest; /* the newest point a wait_complete() parked on, or None */
     double recent;    /* a moving average of the wait times in seconds; < 0: none yet */
     int unspun;       /* waits that did not spin since the last that did */
+    char closed;      /* the stream is closed (Stream._claim()): settle() raises */
 } HistoryObject;
 
 static PyObject *History_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
@@ -289,17 +432,22 @@ static PyObject *History_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     h->newest = Py_NewRef(Py_None);
     h->recent = -1.0;
     h->unspun = 0;
+    h->closed = 0;
     return (PyObject *)h;
 }
 
-static PyObject *History_learn(HistoryObject *h, PyObject *arg) {
-    double took = PyFloat_AsDouble(arg);
-    if (took == -1.0 && PyErr_Occurred()) return NULL;
+static void learn(HistoryObject *h, double took) {
     double old = h->recent;
     if (old < 0 || (old > spin_limit && spin_limit >= took))
         h->recent = took;
     else
         h->recent = 0.75 * old + 0.25 * took;
+}
+
+static PyObject *History_learn(HistoryObject *h, PyObject *arg) {
+    double took = PyFloat_AsDouble(arg);
+    if (took == -1.0 && PyErr_Occurred()) return NULL;
+    learn(h, took);
     Py_RETURN_NONE;
 }
 
@@ -366,6 +514,10 @@ static PyMemberDef History_members[] = {
      "A moving average of the wait times in seconds; < 0: none yet."},
     {"unspun", T_INT, offsetof(HistoryObject, unspun), 0,
      "Waits that did not spin since the last that did."},
+    {"closed", T_BOOL, offsetof(HistoryObject, closed), 0,
+     "True once the stream is closed or detached (Stream._claim() sets it): a wait past its "
+     "first checkpoint then raises instead of querying the handle (settle()). A plain field, "
+     "read in C more cheaply than the stream's own attribute."},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -394,6 +546,227 @@ static PyTypeObject HistoryType = {
     .tp_getset = History_getset,
 };
 
+/* ------------------------------------------------------------------ the first query */
+
+/* What Stream.wait_complete() does after its first checkpoint, on a stream other than the
+ * default ones: the stream must still be open (its history says), then one query; if the
+ * stream is idle, its history learns how long the wait took. The Python around it counts the
+ * completed wait and handles the query's errors and the busy stream (_stream.py). Python's
+ * own attribute reads are faster than the C API's generic ones, so the state read here is in
+ * the history's C fields. */
+
+/* time.perf_counter(), the same double: CLOCK_MONOTONIC in nanoseconds, converted as CPython
+ * converts it (_PyTime_AsSecondsDouble), so that the start it hands back compares exactly with
+ * the Python clock's readings. */
+static double perf_counter(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    long long t = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    if (t % 1000000000LL == 0) return (double)(t / 1000000000LL);
+    return (double)t / 1e9;
+}
+
+static PyObject *str__closed_error;
+
+/* 1: idle, and learnt; 0: still busy; -1: an exception is set. */
+static int settle(PyObject *stream, PyObject *query, PyObject *handle, HistoryObject *history,
+                  double started) {
+    if (history->closed) { /* closed by another task during the checkpoint */
+        PyObject *exc = PyObject_CallMethodNoArgs(stream, str__closed_error);
+        if (exc == NULL) return -1;
+        if (PyExceptionInstance_Check(exc))
+            PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        else
+            PyErr_Format(PyExc_TypeError, "_closed_error() returned %R, not an exception", exc);
+        Py_DECREF(exc);
+        return -1;
+    }
+    PyObject *args[1] = {handle};
+    PyObject *r = PyObject_Vectorcall(query, args, 1, NULL);
+    if (r == NULL) return -1;
+    int done = r == Py_True ? 1 : r == Py_False ? 0 : PyObject_IsTrue(r);
+    Py_DECREF(r);
+    if (done > 0) learn(history, perf_counter() - started);
+    return done;
+}
+
+static int settle_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want,
+                       const char *name) {
+    if (nargs != want) {
+        PyErr_Format(PyExc_TypeError, "%s() takes %zd positional arguments, got %zd", name, want,
+                     nargs);
+        return -1;
+    }
+    if (!PyCallable_Check(args[1])) {
+        PyErr_Format(PyExc_TypeError, "%s(): query must be callable", name);
+        return -1;
+    }
+    if (!Py_IS_TYPE(args[3], &HistoryType)) {
+        PyErr_Format(PyExc_TypeError, "%s(): history must be a History, not %.100s", name,
+                     Py_TYPE(args[3])->tp_name);
+        return -1;
+    }
+    return 0;
+}
+
+/* settle(stream, query, handle, history, started) -> bool, after a checkpoint that the caller
+ * passed (any loop). */
+static PyObject *settle_py(PyObject *Py_UNUSED(module), PyObject *const *args,
+                           Py_ssize_t nargs) {
+    if (settle_args(args, nargs, 5, "settle") < 0) return NULL;
+    double started = PyFloat_AsDouble(args[4]);
+    if (started == -1.0 && PyErr_Occurred()) return NULL;
+    int done = settle(args[0], args[1], args[2], (HistoryObject *)args[3], started);
+    if (done < 0) return NULL;
+    return PyBool_FromLong(done);
+}
+
+/* checkpoint_query(stream, query, handle, history): on asyncio, the checkpoint and
+ * the settle in one awaitable, with no coroutine in between. It reads the clock, yields once
+ * bare (asyncio.sleep(0)'s yield), then settles: the await's value is None if the stream was
+ * idle, else the clock reading, a float, for the rest of the wait. As _notify.yield_once()
+ * it has no throw(): a cancellation is raised at the awaiting coroutine's await. It is
+ * tracked by the garbage collector, as it holds the stream and its history. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *stream, *query, *handle, *history;
+    double started;
+    int state; /* 0: not yet yielded; 1: yielded; 2: finished */
+} CheckpointQueryObject;
+
+static PyTypeObject CheckpointQueryType;
+
+static PyObject *checkpoint_query(PyObject *Py_UNUSED(module), PyObject *const *args,
+                                  Py_ssize_t nargs) {
+    if (settle_args(args, nargs, 4, "checkpoint_query") < 0) return NULL;
+    CheckpointQueryObject *c = PyObject_GC_New(CheckpointQueryObject, &CheckpointQueryType);
+    if (c == NULL) return NULL;
+    c->stream = Py_NewRef(args[0]);
+    c->query = Py_NewRef(args[1]);
+    c->handle = Py_NewRef(args[2]);
+    c->history = Py_NewRef(args[3]);
+    c->started = perf_counter();
+    c->state = 0;
+    PyObject_GC_Track(c);
+    return (PyObject *)c;
+}
+
+static int CheckpointQuery_traverse(CheckpointQueryObject *c, visitproc visit, void *arg) {
+    Py_VISIT(c->stream);
+    Py_VISIT(c->query);
+    Py_VISIT(c->handle);
+    Py_VISIT(c->history);
+    return 0;
+}
+
+static int CheckpointQuery_clear(CheckpointQueryObject *c) {
+    Py_CLEAR(c->stream);
+    Py_CLEAR(c->query);
+    Py_CLEAR(c->handle);
+    Py_CLEAR(c->history);
+    return 0;
+}
+
+static void CheckpointQuery_dealloc(CheckpointQueryObject *c) {
+    PyObject_GC_UnTrack(c);
+    CheckpointQuery_clear(c);
+    PyObject_GC_Del(c);
+}
+
+/* One step: PYGEN_NEXT with None (the yield), PYGEN_RETURN with the await's value, or
+ * PYGEN_ERROR. A finished one returns None again, as an exhausted yield_once() does. */
+static PySendResult CheckpointQuery_step(CheckpointQueryObject *c, PyObject **result) {
+    if (c->state == 0) {
+        c->state = 1;
+        *result = Py_NewRef(Py_None);
+        return PYGEN_NEXT;
+    }
+    if (c->state == 2) {
+        *result = Py_NewRef(Py_None);
+        return PYGEN_RETURN;
+    }
+    c->state = 2;
+    /* Nothing is kept once the wait moves on: the references move out first, so that the
+     * calls below cannot see them cleared under them. */
+    PyObject *stream = c->stream, *query = c->query, *handle = c->handle,
+             *history = c->history;
+    c->stream = c->query = c->handle = c->history = NULL;
+    int done = settle(stream, query, handle, (HistoryObject *)history, c->started);
+    Py_DECREF(stream);
+    Py_DECREF(query);
+    Py_DECREF(handle);
+    Py_DECREF(history);
+    if (done < 0) {
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
+    *result = done ? Py_NewRef(Py_None) : PyFloat_FromDouble(c->started);
+    return *result == NULL ? PYGEN_ERROR : PYGEN_RETURN;
+}
+
+static PySendResult CheckpointQuery_send(CheckpointQueryObject *c, PyObject *Py_UNUSED(arg),
+                                         PyObject **result) {
+    return CheckpointQuery_step(c, result);
+}
+
+/* next(), and send(value) as a generator has it: a StopIteration carries the await's value. */
+static PyObject *CheckpointQuery_next(CheckpointQueryObject *c) {
+    PyObject *r;
+    PySendResult s = CheckpointQuery_step(c, &r);
+    if (s == PYGEN_NEXT) return r;
+    if (s == PYGEN_RETURN) {
+        if (r != Py_None) PyErr_SetObject(PyExc_StopIteration, r); /* a float: not a tuple */
+        Py_DECREF(r);
+    }
+    return NULL;
+}
+
+static PyObject *CheckpointQuery_send_method(CheckpointQueryObject *c,
+                                             PyObject *Py_UNUSED(value)) {
+    PyObject *r = CheckpointQuery_next(c);
+    if (r == NULL && !PyErr_Occurred()) PyErr_SetNone(PyExc_StopIteration);
+    return r;
+}
+
+static PyObject *CheckpointQuery_close(CheckpointQueryObject *c, PyObject *Py_UNUSED(ignored)) {
+    c->state = 2;
+    CheckpointQuery_clear(c);
+    Py_RETURN_NONE;
+}
+
+static PyObject *CheckpointQuery_self(PyObject *self) {
+    return Py_NewRef(self);
+}
+
+static PyMethodDef CheckpointQuery_methods[] = {
+    {"send", (PyCFunction)CheckpointQuery_send_method, METH_O,
+     "send(value): as next(); the value is ignored."},
+    {"close", (PyCFunction)CheckpointQuery_close, METH_NOARGS,
+     "close(): end without querying."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyAsyncMethods CheckpointQuery_async = {
+    .am_await = CheckpointQuery_self,
+    .am_send = (sendfunc)CheckpointQuery_send,
+};
+
+static PyTypeObject CheckpointQueryType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aiocudasem._hotpath.CheckpointQuery",
+    .tp_basicsize = sizeof(CheckpointQueryObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "An asyncio checkpoint, then the first query of a wait (see checkpoint_query()).",
+    .tp_as_async = &CheckpointQuery_async,
+    .tp_iter = CheckpointQuery_self,
+    .tp_iternext = (iternextfunc)CheckpointQuery_next,
+    .tp_methods = CheckpointQuery_methods,
+    .tp_traverse = (traverseproc)CheckpointQuery_traverse,
+    .tp_clear = (inquiry)CheckpointQuery_clear,
+    .tp_dealloc = (destructor)CheckpointQuery_dealloc,
+};
+
 static PyObject *set_spin_limit(PyObject *Py_UNUSED(module), PyObject *arg) {
     double limit = PyFloat_AsDouble(arg);
     if (limit == -1.0 && PyErr_Occurred()) return NULL;
@@ -416,6 +789,16 @@ static PyMethodDef module_methods[] = {
      "set_spin_limit(seconds): the spin limit that History uses (configure() calls it)."},
     {"get_spin_limit", get_spin_limit, METH_NOARGS,
      "get_spin_limit() -> float: the spin limit that History uses."},
+    {"settle", (PyCFunction)(void (*)(void))settle_py, METH_FASTCALL,
+     "settle(stream, query, handle, history, started, /) -> bool: after the first checkpoint "
+     "of stream.wait_complete(), which began at `started` (a perf_counter()): raise "
+     "stream._closed_error() if the history says the stream was closed meanwhile, else "
+     "query(handle); if the stream is idle, have the history learn how long the wait took, "
+     "and return True."},
+    {"checkpoint_query", (PyCFunction)(void (*)(void))checkpoint_query, METH_FASTCALL,
+     "checkpoint_query(stream, query, handle, history, /) -> Awaitable[float | None]: on "
+     "asyncio, one bare yield then settle(): None if the stream was idle, else when the wait "
+     "began (a perf_counter())."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -439,14 +822,27 @@ static int add_type(PyObject *m, const char *name, PyTypeObject *type) {
 
 PyMODINIT_FUNC PyInit__hotpath(void) {
     if (!(str_name = PyUnicode_InternFromString("name"))) return NULL;
+    if (!(str___dict__ = PyUnicode_InternFromString("__dict__"))) return NULL;
+    if (!(str_runner = PyUnicode_InternFromString("runner"))) return NULL;
+    PyObject *thread = PyImport_ImportModule("_thread");
+    if (thread == NULL) return NULL;
+    thread_local_type = (PyTypeObject *)PyObject_GetAttrString(thread, "_local");
+    Py_DECREF(thread);
+    if (thread_local_type == NULL) return NULL;
+    if (!PyType_Check(thread_local_type)) {
+        PyErr_SetString(PyExc_TypeError, "_thread._local is not a type");
+        return NULL;
+    }
     if (!(str_notifier = PyUnicode_InternFromString("notifier"))) return NULL;
     if (!(str_serves = PyUnicode_InternFromString("_serves_running_loop"))) return NULL;
     if (!(str_asyncio = PyUnicode_InternFromString("asyncio"))) return NULL;
     if (!(str_trio = PyUnicode_InternFromString("trio"))) return NULL;
+    if (!(str__closed_error = PyUnicode_InternFromString("_closed_error"))) return NULL;
     PyObject *m = PyModule_Create(&hotpath_module);
     if (m == NULL) return NULL;
     if (add_type(m, "LoopCheck", &LoopCheckType) < 0 || add_type(m, "Finder", &FinderType) < 0 ||
         add_type(m, "History", &HistoryType) < 0 ||
+        PyType_Ready(&CheckpointQueryType) < 0 ||
         PyModule_AddIntConstant(m, "PROBE_EVERY", PROBE_EVERY) < 0) {
         Py_DECREF(m);
         return NULL;

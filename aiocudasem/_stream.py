@@ -21,6 +21,8 @@ from ._errors import (
     DeviceMismatchError,
     UnsupportedFeatureError,
 )
+from ._hotpath import checkpoint_query as _checkpoint_query
+from ._hotpath import settle as _settle
 from ._lifetime import OnDevice, Owned
 from ._notifier import (
     History,
@@ -101,6 +103,11 @@ class Stream(OnDevice):
 
     def _describe(self) -> str:
         return f"aiocudasem.Stream {self._handle:#x} on device {self._device}"
+
+    def _claim(self) -> bool:
+        # A wait past its first checkpoint reads the closed state from the history, in C.
+        self._history.closed = True
+        return super()._claim()
 
     def _release(self) -> None:
         if self._owned:
@@ -290,13 +297,18 @@ class Stream(OnDevice):
         started = None
         if handle > _DEFAULT_STREAMS:
             # The checkpoint first, then one cuStreamQuery: most short work is done by then,
-            # and such an await costs no event.
-            started = _clock()
-            await notifier.checkpoint()
-            if not self._open:
-                raise self._closed_error()  # closed by another task during the checkpoint
+            # and such an await costs no event. After the checkpoint, settle() raises the
+            # closed error if another task closed the stream meanwhile (the history's flag,
+            # which _claim() sets), queries, and for an idle stream updates the history. It is
+            # C (_hotpath), and on asyncio so is the checkpoint with it.
             try:
-                done = drv.stream_query(handle)
+                if notifier.bare_yield:
+                    started = await _checkpoint_query(self, drv.stream_query, handle, self._history)
+                    done = started is None
+                else:
+                    started = _clock()
+                    await notifier.checkpoint()
+                    done = _settle(self, drv.stream_query, handle, self._history, started)
             except DeviceFaultError as exc:
                 # Reported as the notifier reports a fault it finds (once per device): a
                 # program whose waits all end here would otherwise raise it unlogged.
@@ -308,8 +320,8 @@ class Stream(OnDevice):
                 raise
             if done:
                 notifier._completed += 1
-                self._history.learn(_clock() - started)
                 return
+            assert started is not None
             shared = notifier.shared_point(self._history, started)
             if shared is not None:
                 await notifier.wait(shared)

@@ -9,6 +9,7 @@ import collections
 import contextvars
 import gc
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -140,32 +141,73 @@ def test_the_finder_returns_the_remembered_notifier_only_while_it_serves_the_loo
     here = threading.local()
     deferred: collections.deque[object] = collections.deque()
     slow_calls: list[int] = []
-    fallback = object()
+    serving = {"yes": True, "found": True}
+    found = _Notifier(lambda: serving["found"])
 
     def slow() -> object:
         slow_calls.append(1)
-        return fallback
+        return found
 
     find = _hotpath.Finder(here, deferred, slow)
     with pytest.raises(AttributeError):
         find()  # here has no notifier attribute at all: an error, not a silent fallback
     here.notifier = None
-    assert find() is fallback
-    yes = _Notifier(lambda: True)
+    assert find() is found
+    assert find() is found and len(slow_calls) == 1  # remembered: no second slow call
+    serving["found"] = False  # its loop ended
+    assert find() is found and len(slow_calls) == 2  # the slow path, not here.notifier
+    serving["found"] = True
+
+    # A fresh finder reads here.notifier first, and remembers what it found there.
+    find = _hotpath.Finder(here, deferred, slow)
+    yes = _Notifier(lambda: serving["yes"])
     here.notifier = yes
-    assert find() is yes
-    here.notifier = _Notifier(lambda: False)
-    assert find() is fallback
+    assert find() is yes and len(slow_calls) == 2
+    here.notifier = None
+    assert find() is yes and len(slow_calls) == 2  # the remembered one, while it serves
+    serving["yes"] = False
+    assert find() is found and len(slow_calls) == 3
+    serving["yes"] = True
     here.notifier = _Notifier(_hotpath.LoopCheck("asyncio", object(), get_loop, None, None))
-    assert find() is fallback  # a C check, called directly: no loop is running here
-    here.notifier = yes
+    find = _hotpath.Finder(here, deferred, slow)
+    assert find() is found  # a C check, called directly: no loop is running here
     deferred.append("a release waiting for a loop")
-    assert find() is fallback  # the slow path runs deferred releases first
+    assert find() is found and len(slow_calls) == 5  # the slow path runs deferred releases
     deferred.clear()
-    assert find() is yes
-    assert len(slow_calls) == 4
+    assert find() is found and len(slow_calls) == 5
     with pytest.raises(TypeError, match="no arguments"):
         find(1)  # type: ignore[call-arg]
+
+
+def test_the_finder_remembers_one_thread_and_reads_here_for_another() -> None:
+    """The finder remembers the notifier of the thread that called it last. Another thread
+    reads its own ``here.notifier``; the first then reads its own again."""
+    here = threading.local()
+    mine, theirs = _Notifier(lambda: True), _Notifier(lambda: True)
+    slow_calls: list[int] = []
+
+    def slow() -> object:
+        slow_calls.append(1)
+        return None
+
+    find = _hotpath.Finder(here, collections.deque(), slow)
+    here.notifier = mine
+    assert find() is mine
+    seen: list[object] = []
+
+    def other() -> None:
+        here.notifier = theirs
+        seen.append(find())
+        seen.append(find())
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert seen == [theirs, theirs]
+    here.notifier = None  # this thread's here is read again, and says nothing now
+    assert find() is None and slow_calls == [1]
+    here.notifier = mine
+    assert find() is mine and slow_calls == [1]
 
 
 def test_the_finder_passes_on_errors_of_the_check_and_of_the_slow_path() -> None:
@@ -382,26 +424,344 @@ def test_the_finder_and_check_keep_reference_counts_on_every_path() -> None:
         loop = asyncio.get_running_loop()
         here = threading.local()
         deferred: collections.deque[object] = collections.deque()
-        fallback = object()
         check = asyncio_check(loop)
         n = _Notifier(check)
+        fallback = _Notifier(check)
         here.notifier = n
 
         def boom() -> bool:
             raise KeyError
 
-        finder = _hotpath.Finder(here, deferred, lambda: fallback)
         counted = (n, check, loop, fallback, here)
         before = [sys.getrefcount(o) for o in counted]
         for _ in range(1000):
-            assert finder() is n  # the fast path
+            here.notifier = n
+            finder = _hotpath.Finder(here, deferred, lambda: fallback)
+            assert finder() is n  # here.notifier
+            assert finder() is n  # the remembered one
             deferred.append(1)
             assert finder() is fallback  # a release waits
             deferred.clear()
-            n._serves_running_loop = boom
+            assert finder() is fallback  # remembered now
+            fallback._serves_running_loop = boom
             with pytest.raises(KeyError):
                 finder()  # the check raises
-            n._serves_running_loop = check
+            fallback._serves_running_loop = check
+            del finder
         assert [sys.getrefcount(o) for o in counted] == before
 
     asyncio.run(main())
+
+
+# ---------------------------------------------------------------- sniffio's name, per thread
+
+
+def test_an_asyncio_check_reads_sniffio_s_name_of_its_own_thread() -> None:
+    """The check remembers the dict that holds sniffio's thread-local attributes in the thread
+    that called it last: a name set in another thread, or in this one after a switch, counts
+    only where it was set."""
+    check = _hotpath.LoopCheck(
+        "asyncio", None, lambda: None, sniffio.thread_local, sniffio.current_async_library_cvar
+    )
+    assert check() is True  # no loop is the token None here: asyncio, nothing named
+    seen: list[bool] = []
+    named = threading.Event()
+    done = threading.Event()
+
+    def other() -> None:
+        sniffio.thread_local.name = "trio"
+        seen.append(check())
+        named.set()
+        done.wait(5)
+        seen.append(check())
+        del sniffio.thread_local.name  # back to the class's value
+        seen.append(check())
+
+    t = threading.Thread(target=other)
+    t.start()
+    named.wait(5)
+    seen.append(check())  # this thread: still nothing named
+    done.set()
+    t.join()
+    assert seen == [False, True, False, True]
+    sniffio.thread_local.name = "trio"
+    try:
+        assert check() is False
+    finally:
+        sniffio.thread_local.name = None
+    assert check() is True
+
+
+def test_a_check_reads_a_local_s_name_the_generic_way_where_it_must() -> None:
+    """A name that a descriptor supplies, a local that is not a threading.local, or one with no
+    name at all: read as getattr() reads it, every time."""
+
+    class Computed(threading.local):
+        calls = 0
+
+        @property
+        def name(self) -> str | None:
+            Computed.calls += 1
+            return "trio" if Computed.calls % 2 == 0 else None
+
+    local = Computed()
+    check = _hotpath.LoopCheck("asyncio", None, lambda: None, local, None)
+    assert [check() for _ in range(4)] == [True, False, True, False]
+
+    class Plain:
+        name: str | None = None
+
+    plain = Plain()
+    check = _hotpath.LoopCheck("asyncio", None, lambda: None, plain, None)
+    assert check() is True
+    plain.name = "trio"
+    assert check() is False
+
+    bare = threading.local()
+    check = _hotpath.LoopCheck("asyncio", None, lambda: None, bare, None)
+    with pytest.raises(AttributeError):
+        check()
+    bare.name = None
+    assert check() is True
+
+
+# ---------------------------------------------------------------- the first query
+
+
+class _Stream:
+    def _closed_error(self) -> BaseException:
+        return anyio.ClosedResourceError("the stream was closed")
+
+
+def test_settle_learns_only_an_idle_stream() -> None:
+    stream, history = _Stream(), _hotpath.History()
+    asked: list[int] = []
+
+    def busy(h: int) -> bool:
+        asked.append(h)
+        return False
+
+    assert history.closed is False
+    started = time.perf_counter() - 0.001
+    assert _hotpath.settle(stream, busy, 7, history, started) is False
+    assert history.recent < 0 and asked == [7]
+    assert _hotpath.settle(stream, lambda h: 1, 7, history, started) is True  # any true value
+    assert 0.001 <= history.recent < 1.0  # the same clock as time.perf_counter()
+    assert _hotpath.settle(stream, lambda h: [], 7, history, started) is False
+
+
+def test_settle_raises_the_closed_error_and_what_the_query_raises() -> None:
+    stream, history = _Stream(), _hotpath.History()
+    asked: list[int] = []
+
+    def query(h: int) -> bool:
+        asked.append(h)
+        return True
+
+    history.closed = True
+    with pytest.raises(anyio.ClosedResourceError, match="closed"):
+        _hotpath.settle(stream, query, 7, history, 0.0)
+    assert asked == []  # a closed stream's handle is never queried
+    history.closed = False
+
+    def boom(h: int) -> bool:
+        raise acs.CudaError(999, "cuStreamQuery")
+
+    with pytest.raises(acs.CudaError):
+        _hotpath.settle(stream, boom, 7, history, 0.0)
+    assert history.recent < 0
+    with pytest.raises(TypeError, match="callable"):
+        _hotpath.settle(stream, 3, 7, history, 0.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="5 positional"):
+        _hotpath.settle(stream, bool, 7, history)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        _hotpath.settle(stream, bool, 7, history, "soon")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="must be a History"):
+        _hotpath.settle(stream, bool, 7, object(), 0.0)  # type: ignore[arg-type]
+
+    class NotAnError:
+        def _closed_error(self) -> object:
+            return "closed"
+
+    history.closed = True
+    with pytest.raises(TypeError, match="not an exception"):
+        _hotpath.settle(NotAnError(), bool, 7, history, 0.0)
+
+
+def test_a_stream_s_history_says_when_it_is_closed_or_detached(sim: acs.Driver) -> None:
+    s = acs.open_stream(driver=sim)
+    assert s._history.closed is False
+    s.close()
+    assert s._history.closed is True
+    s = acs.open_stream(driver=sim)
+    handle = s.detach()
+    assert s._history.closed is True
+    sim.stream_destroy(handle)
+
+
+def test_checkpoint_query_yields_once_then_settles() -> None:
+    stream, history = _Stream(), _hotpath.History()
+    it = _hotpath.checkpoint_query(stream, lambda h: True, 7, history).__await__()
+    assert next(it) is None  # the one bare yield
+    with pytest.raises(StopIteration) as stop:
+        next(it)
+    assert stop.value.value is None and history.recent >= 0
+    with pytest.raises(StopIteration):
+        next(it)  # finished: as an exhausted yield_once()
+
+    history = _hotpath.History()
+    before = time.perf_counter()
+    it = _hotpath.checkpoint_query(stream, lambda h: False, 7, history).__await__()
+    assert it.send(None) is None
+    with pytest.raises(StopIteration) as stop:
+        it.send("ignored")
+    assert isinstance(stop.value.value, float)
+    assert before <= stop.value.value <= time.perf_counter()  # when the wait began
+    assert history.recent < 0
+
+    asked: list[int] = []
+    it = _hotpath.checkpoint_query(stream, asked.append, 7, history).__await__()
+    next(it)
+    history.closed = True  # closed during the checkpoint
+    with pytest.raises(anyio.ClosedResourceError):
+        next(it)
+    it = _hotpath.checkpoint_query(stream, asked.append, 7, history).__await__()
+    next(it)
+    it.close()  # ends it without a query
+    with pytest.raises(StopIteration):
+        next(it)
+    assert asked == []
+    with pytest.raises(TypeError, match="4 positional"):
+        _hotpath.checkpoint_query(stream, bool, 7)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="must be a History"):
+        _hotpath.checkpoint_query(stream, bool, 7, None)  # type: ignore[arg-type]
+
+
+def test_checkpoint_query_on_asyncio_raises_a_cancellation_at_the_await() -> None:
+    async def main() -> tuple[list[int], bool]:
+        stream, history = _Stream(), _hotpath.History()
+        asked: list[int] = []
+
+        async def wait() -> None:
+            await _hotpath.checkpoint_query(stream, asked.append, 7, history)
+
+        task = asyncio.ensure_future(wait())
+        await asyncio.sleep(0)  # the task is at its yield now
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return asked, task.cancelled()
+
+    assert asyncio.run(main()) == ([], True)
+
+
+def test_checkpoint_query_keeps_reference_counts_and_is_collected_in_a_cycle() -> None:
+    import sys
+
+    stream, history = _Stream(), _hotpath.History()
+
+    def boom(h: int) -> bool:
+        raise KeyError(h)
+
+    def idle(h: int) -> bool:
+        return True
+
+    counted = (stream, history, idle, boom)
+    before = [sys.getrefcount(o) for o in counted]
+    for query in [idle, boom, idle] * 300:
+        it = _hotpath.checkpoint_query(stream, query, 7, history).__await__()
+        next(it)
+        with pytest.raises(StopIteration if query is idle else KeyError):
+            next(it)
+        del it
+        it = _hotpath.checkpoint_query(stream, query, 7, history)
+        del it  # never awaited
+    del query
+    assert [sys.getrefcount(o) for o in counted] == before
+
+    class Holder:
+        pass
+
+    holder = Holder()
+    holder.wait = _hotpath.checkpoint_query(holder, idle, 7, history)  # type: ignore[attr-defined]
+    gone = weakref.ref(holder)
+    del holder
+    gc.collect()
+    assert gone() is None
+
+
+# ---------------------------------------------------------------- trio's run context
+
+
+def test_a_trio_check_on_the_run_context_holds_only_in_its_own_run() -> None:
+    from aiocudasem._notifier._loop import _trio_run_context
+
+    def check_of_this_run() -> _hotpath.LoopCheck:
+        token = trio.lowlevel.current_trio_token()
+        known = _trio_run_context(token)
+        assert known is not None  # the trio this suite runs keeps its context as expected
+        context, runner = known
+        assert _trio_run_context(object()) is None  # not this run's token
+        return _hotpath.LoopCheck(
+            "trio",
+            token,
+            trio.lowlevel.current_trio_token,
+            sniffio.thread_local,
+            None,
+            context=context,
+            runner=runner,
+        )
+
+    async def first() -> tuple[_hotpath.LoopCheck, bool]:
+        check = check_of_this_run()
+        return check, check()
+
+    check, inside = trio.run(first)
+    assert inside is True
+    assert check() is False  # outside any run (sniffio names nothing)
+
+    async def second() -> list[bool]:
+        seen = [check()]  # another run: another runner
+        result: list[bool] = []
+        await trio.to_thread.run_sync(lambda: result.append(check()))
+        return seen + result  # a worker thread: no run there
+
+    assert trio.run(second) == [False, False]
+    sniffio.thread_local.name = "trio"  # as in a run, but there is none: no runner in the context
+    try:
+        assert check() is False
+    finally:
+        sniffio.thread_local.name = None
+
+
+def test_a_trio_check_refuses_a_run_context_it_cannot_read() -> None:
+    local = sniffio.thread_local
+    probe = trio.lowlevel.current_trio_token
+    with pytest.raises(TypeError, match="go together"):
+        _hotpath.LoopCheck("trio", object(), probe, local, None, context=threading.local())
+    with pytest.raises(TypeError, match="only for trio"):
+        _hotpath.LoopCheck(
+            "asyncio", object(), get_loop, None, None, context=threading.local(), runner=1
+        )
+    with pytest.raises(TypeError, match=r"plain threading\.local"):
+        _hotpath.LoopCheck("trio", object(), probe, local, None, context=object(), runner=1)
+
+    class Odd(threading.local):
+        def __getattribute__(self, name: str) -> Any:
+            return super().__getattribute__(name)
+
+    with pytest.raises(TypeError, match=r"plain threading\.local"):
+        _hotpath.LoopCheck("trio", object(), probe, local, None, context=Odd(), runner=1)
+
+
+async def test_the_notifier_of_a_trio_run_checks_the_run_context(anyio_backend_name: str) -> None:
+    """The notifier's loop test reads trio's run context in this suite's trio (the fast test
+    is exercised by every trio test); it still says no in a worker thread."""
+    if anyio_backend_name != "trio":
+        pytest.skip("trio's run context")
+    from aiocudasem._notifier._loop import _trio_run_context, current_notifier
+
+    assert _trio_run_context(trio.lowlevel.current_trio_token()) is not None
+    check = current_notifier()._serves_running_loop
+    assert check() is True
+    assert await trio.to_thread.run_sync(check) is False

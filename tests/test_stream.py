@@ -107,11 +107,44 @@ async def test_wait_complete_fails_clearly_if_another_task_closes_the_stream(
         await checkpoint()
 
     monkeypatch.setattr(notifier, "checkpoint", closing_checkpoint)
+    monkeypatch.setattr(notifier, "bare_yield", False)  # asyncio too: the checkpoint above
     try:
         with anyio.fail_after(5), pytest.raises(anyio.ClosedResourceError, match="closed"):
             await s.wait_complete()
     finally:
         monkeypatch.undo()
+        gate.set()
+
+
+async def test_wait_complete_fails_clearly_if_closed_during_asyncio_s_bare_checkpoint(
+    sim: SimDriver, anyio_backend_name: str
+) -> None:
+    """The same on asyncio's own path, where the checkpoint and the first query are one C
+    awaitable: a callback queued before the wait yields runs during its checkpoint."""
+    if anyio_backend_name != "asyncio":
+        pytest.skip("the C checkpoint is asyncio's")
+    import asyncio
+
+    from aiocudasem._notifier import current_notifier
+
+    assert current_notifier().bare_yield
+    s = acs.open_stream(driver=sim)
+    gate = hold(s)
+    queried: list[int] = []
+    query = sim.stream_query
+
+    def counting(h: int) -> bool:
+        queried.append(h)
+        return query(h)
+
+    sim.stream_query = counting  # type: ignore[method-assign]
+    try:
+        asyncio.get_running_loop().call_soon(s.close)
+        with anyio.fail_after(5), pytest.raises(anyio.ClosedResourceError, match="closed"):
+            await s.wait_complete()
+        assert queried == []  # the destroyed handle was never queried
+    finally:
+        del sim.stream_query
         gate.set()
 
 
