@@ -84,6 +84,47 @@ def test_bench_repeats_interleaves_and_reports_spreads(tmp_path: Path) -> None:
     assert "| simulated external timeline semaphore, signal() |" in signal_page
 
 
+def test_bench_pairs_throughput_rounds_and_gives_ratios_to_polling(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    args = ["--driver", "sim", "--quick", "--repeats", "1", "--only", "poll0,aiocudasem"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "aiocudasem", "bench", *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    for loop in ("asyncio", "trio"):
+        rounds = [line for line in proc.stdout.splitlines() if f"] {loop} paired round" in line]
+        assert len(rounds) == 6  # three rounds each on 1 and 8 streams
+        assert f"{loop} 8 stream(s), paired: aiocudasem / poll0 per round: median" in proc.stdout
+    data = json.loads((out / "results.json").read_text())
+    assert data["paired"].keys() == {"asyncio", "trio"}
+    for loop, by_n in data["paired"].items():
+        assert by_n.keys() == {"1", "8"}
+        for n, runs in by_n.items():
+            assert runs.keys() == {"poll0", "aiocudasem"}  # sync is not paired
+            assert all(len(r) == 3 and min(r) > 0 for r in runs.values())
+            ratio = data["summary"]["paired"][loop][n]["aiocudasem"]
+            expected = sorted(a / p for a, p in zip(runs["aiocudasem"], runs["poll0"]))
+            assert ratio["runs"] == 3
+            assert ratio["median"] == pytest.approx(expected[1])
+            assert (ratio["min"], ratio["max"]) == pytest.approx((expected[0], expected[-1]))
+    page = (out / "performance.md").read_text()
+    section = page.split("## Throughput in paired rounds", 1)[1]
+    assert "3 rounds per loop and stream count" in section
+    assert "| aiocudasem (await stream.wait_complete()) (x polling) |" in section
+    rows = [line for line in section.splitlines() if line.startswith(("| asyncio", "| trio"))]
+    assert [row.split(" | ")[:2] for row in rows] == [
+        ["| asyncio", "1"],
+        ["| asyncio", "8"],
+        ["| trio", "1"],
+        ["| trio", "8"],
+    ]
+    assert all(" x) |" in row for row in rows)
+
+
 def test_bench_refuses_bad_repeats(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "aiocudasem", "bench", "--driver", "sim", "--repeats", "0"],

@@ -36,7 +36,16 @@ from .._common import (
 from ._approaches import ALL
 from ._common import say
 from ._measure import TRIO_APPROACHES, Bench, run_asyncio, run_trio
-from ._report import commit, gpu_info, markdown, plot, rounds_text, summarize, versions
+from ._report import (
+    commit,
+    gpu_info,
+    markdown,
+    paired_ratios,
+    plot,
+    rounds_text,
+    summarize,
+    versions,
+)
 from ._signal import run_signal, summarize_signal
 
 _DESCRIPTION = """\
@@ -161,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         signal = None
     try:
-        write(ns.out, b.results, meta, signal)
+        write(ns.out, b.results, meta, signal, b.paired)
     except BrokenPipeError:
         raise  # standard output, closed: the command line stops quietly
     except OSError as exc:
@@ -214,6 +223,7 @@ def write(
     results: dict[str, Any],
     meta: dict[str, Any],
     signal: dict[str, Any] | None = None,
+    paired: dict[str, Any] | None = None,
 ) -> None:
     """results.json (every run and the summary), performance.md and, if it can, latency.png.
     Without a plot, the page says so instead of linking one, a warning on standard error says
@@ -226,10 +236,19 @@ def write(
     if signal is not None:
         summary["signal"] = {n: summarize_signal(e) for n, e in signal.items()}
         document["signal"] = signal
+    if paired:
+        document["paired"] = paired
+        summary["paired"] = {
+            loop: {
+                n: {name: paired_ratios(runs, name) for name in runs if name != "poll0"}
+                for n, runs in by_n.items()
+            }
+            for loop, by_n in paired.items()
+        }
     (out / "results.json").write_text(json.dumps(document))
     png = out / "latency.png"
     no_plot = plot(results, png, meta["simulated"])
-    page = markdown(results, meta, no_plot, signal)
+    page = markdown(results, meta, no_plot, signal, paired)
     (out / "performance.md").write_text(page)
     say(f"wrote {out / 'results.json'}, performance.md" + ("" if no_plot else ", latency.png"))
     if no_plot:

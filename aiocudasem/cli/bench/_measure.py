@@ -26,6 +26,13 @@ from ._common import KERNEL_NS, US, pct, say, thread_cpu
 #: rounds give the spread.
 THROUGHPUT_S: Final = 0.6
 
+#: Paired throughput: every round measures each of these approaches for PAIRED_S, one after
+#: the other, in an order that starts one place later each round. A ratio of two approaches in
+#: one round is a paired figure: the machine's drift over seconds and minutes (clocks, other
+#: tenants), which spreads the rounds of the main table, falls on both alike.
+PAIRED_APPROACHES: Final = ("poll0", "checkpoint", "aiocudasem")
+PAIRED_S: Final = 0.2
+
 #: The kernels of the parked crowd: long enough that all 10,000 coroutines are waiting before
 #: they end (starting them takes about half a second on an H200 host).
 PARKED_KERNEL_NS: Final = 1_500_000_000
@@ -45,6 +52,9 @@ class Bench:
             [drv.stream_create(i % devices, True, 0) for i in range(8)] if devices > 1 else []
         )
         self.results: dict[str, Any] = {}
+        #: Paired throughput, by loop ("asyncio", "trio"), then stream count ("1", "8"), then
+        #: approach: awaits/s per round (see paired_throughput()).
+        self.paired: dict[str, dict[str, dict[str, list[float]]]] = {}
         self.cpu_threads: dict[str, dict[str, float]] = {}  # approach -> thread name -> seconds
 
     def launch(self, h: int, ns: int) -> None:
@@ -361,6 +371,45 @@ async def run_asyncio(b: Bench, approaches: list[Approach], repeats: int) -> Non
                 entry["runs"].append(await measure(b, ap, n, tput_s))
             finally:
                 ap.teardown()
+    working = [ap for ap in live if "error" not in res[ap.name]]
+    await paired_throughput(b, "asyncio", working, paired_rounds(repeats))
+
+
+async def paired_throughput(b: Bench, loop: str, approaches: list[Approach], rounds: int) -> None:
+    """Throughput of ``approaches`` (those of :data:`PAIRED_APPROACHES` that work here) on 1
+    and 8 streams, in ``rounds`` paired rounds of :data:`PAIRED_S` each (half that with
+    ``--quick``), into ``b.paired[loop]``. Nothing if busy polling or all the others are
+    missing: every ratio is to polling."""
+    aps = [ap for ap in approaches if ap.name in PAIRED_APPROACHES]
+    if len(aps) < 2 or "poll0" not in {ap.name for ap in aps}:
+        return
+    seconds = PAIRED_S / 2 if b.quick else PAIRED_S
+    out = b.paired.setdefault(loop, {})
+    progress = Progress(2 * rounds)
+    for n in (1, 8):
+        runs: dict[str, list[float]] = {ap.name: [] for ap in aps}
+        for r in range(rounds):
+            progress.step(f"{loop} paired round {r + 1}/{rounds}, {n} stream(s)")
+            for ap in _rotated(aps, r):
+                ap.setup()
+                try:
+                    runs[ap.name].append(await b.throughput(ap, n, seconds))
+                finally:
+                    ap.teardown()
+        out[str(n)] = runs
+        for name in runs:
+            if name != "poll0":
+                ratios = [a / p for a, p in zip(runs[name], runs["poll0"], strict=True)]
+                say(
+                    f"  {loop} {n} stream(s), paired: {name} / poll0 per round: median "
+                    f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]"
+                )
+
+
+def paired_rounds(repeats: int) -> int:
+    """The paired rounds of a run of ``repeats`` rounds: three times as many, as each is
+    short."""
+    return 3 * repeats
 
 
 async def measure(b: Bench, ap: Approach, n: int, tput_s: float) -> dict[str, Any]:
@@ -454,3 +503,4 @@ async def run_trio(b: Bench, repeats: int, names: Collection[str] = TRIO_APPROAC
                 f"  trio {ap.name:<13} wake {statistics.median(lat):.1f} us, "
                 f"{one:.0f} / {eight:.0f} awaits/s (1 / 8 streams)"
             )
+    await paired_throughput(b, "trio", approaches, paired_rounds(repeats))

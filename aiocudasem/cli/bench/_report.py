@@ -322,6 +322,49 @@ def _trio_table(trio: dict[str, Any]) -> list[str]:
     return lines
 
 
+def paired_ratios(runs: dict[str, list[float]], name: str) -> dict[str, float]:
+    """``name``'s awaits/s over busy polling's, round by round: median, min, max, runs."""
+    return over_runs([a / p for a, p in zip(runs[name], runs["poll0"], strict=True)])
+
+
+def paired_table(paired: dict[str, Any], results: dict[str, Any]) -> list[str]:
+    """The paired throughput rounds: awaits/s of each approach, and its ratio to busy polling
+    within each round."""
+    rows = []
+    names: list[str] = []
+    for loop, by_n in paired.items():
+        for n, runs in by_n.items():
+            others = [name for name in runs if name != "poll0"]
+            names = names or others
+            cells = [spread(over_runs(runs["poll0"]))]
+            for name in others:
+                ratio = spread(paired_ratios(runs, name), ".2f")
+                cells.append(f"{spread(over_runs(runs[name]))} ({ratio} x)")
+            rows.append(f"| {loop} | {n} | " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    first = next(iter(next(iter(paired.values())).values()))
+    rounds = len(first["poll0"])
+    labels = [results.get(name, {}).get("label", name) for name in names]
+    return [
+        "",
+        "## Throughput in paired rounds",
+        "",
+        f"{rounds_text(rounds)} per loop and stream count, each measuring every approach for "
+        "a fraction of a second, one after the other, in an order that starts one place later "
+        "each round. The ratio to busy polling is taken within each round, so the machine's "
+        "drift over seconds and minutes, which spreads the rounds of the tables above, falls "
+        "on both sides of it. Each cell: awaits/s, median [min-max] over the rounds, and in "
+        "brackets the ratio to busy polling, median [min-max] over the rounds.",
+        "",
+        "| loop | streams | busy polling, awaits/s | "
+        + " | ".join(f"{label} (x polling)" for label in labels)
+        + " |",
+        "|---|---|---|" + "---|" * len(labels),
+        *rows,
+    ]
+
+
 def rounds_text(n: int) -> str:
     return f"{n} round" + ("" if n == 1 else "s")
 
@@ -357,10 +400,11 @@ def markdown(
     meta: dict[str, Any],
     no_plot: str | None = None,
     signal: dict[str, Any] | None = None,
+    paired: dict[str, Any] | None = None,
 ) -> str:
     """The page. ``no_plot``: why there is no latency.png (then the page says so and links
     none); ``None``: link the plot beside the page. ``signal``: the host-signal figures, if
-    they were measured."""
+    they were measured. ``paired``: the paired throughput rounds (``Bench.paired``)."""
     sums = {n: summarize(e) for n, e in results.items() if n != "trio"}
     lines = _header(meta) + _main_table(results, sums) + _crowd_table(results, sums)
     lines += _split_table(results, sums, meta.get("devices", 2))
@@ -368,6 +412,8 @@ def markdown(
         lines += _trio_table(results["trio"])
     elif "trio_not_measured" in meta:
         lines += ["", "## trio", "", f"Not measured: {meta['trio_not_measured']}."]
+    if paired:
+        lines += paired_table(paired, results)
     if signal is not None:
         lines += _signal_table(signal)
     if no_plot is None:
