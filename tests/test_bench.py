@@ -107,7 +107,7 @@ def test_bench_pairs_throughput_rounds_and_gives_ratios_to_polling(tmp_path: Pat
             assert runs.keys() == {"poll0", "aiocudasem"}  # sync is not paired
             assert all(len(r) == 3 and min(r) > 0 for r in runs.values())
             ratio = data["summary"]["paired"][loop][n]["aiocudasem"]
-            expected = sorted(a / p for a, p in zip(runs["aiocudasem"], runs["poll0"]))
+            expected = sorted(a / p for a, p in zip(runs["aiocudasem"], runs["poll0"], strict=True))
             assert ratio["runs"] == 3
             assert ratio["median"] == pytest.approx(expected[1])
             assert (ratio["min"], ratio["max"]) == pytest.approx((expected[0], expected[-1]))
