@@ -175,7 +175,9 @@ def test_bench_reports_a_failed_write_of_the_results_in_one_line(
     async def measure(*args: object) -> None:
         pass
 
-    def write(out: Path, results: object, meta: object, signal: object = None) -> None:
+    def write(
+        out: Path, results: object, meta: object, signal: object = None, paired: object = None
+    ) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "results.json"))
 
     monkeypatch.setattr(bench, "run_asyncio", measure)
