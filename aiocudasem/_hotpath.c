@@ -39,12 +39,13 @@ typedef struct {
     /* local.name without the thread-local lookup (about 0.15 us of an await): the dict that
      * holds `local`'s attributes in one thread, which stays the same for the thread's life,
      * and the thread state it belongs to, by its id (never reused, unlike a thread ident).
-     * A name that the dict lacks is the class's: `default`. `generic` (a local that is not a
+     * A name that the dict lacks is the class's: `default_name`. `generic` (a local that is not a
      * plain threading.local, or a class attribute that is a descriptor): read the name the
      * generic way every time. */
     PyObject *ldict;
     uint64_t tsid;
     PyObject *default_name;
+    unsigned int default_tag;
     int generic;
     /* trio, where its run context is known (_loop._trio_run_context()): the thread-local that
      * holds the running trio run's Runner, and this run's. The probe is then a read of that
@@ -76,10 +77,40 @@ static PyObject *thread_dict(PyObject *local, PyObject **cache, uint64_t *tsid) 
             Py_DECREF(d);
             return NULL;
         }
-        Py_XSETREF(*cache, d);
+        /* The cache is set before the old dict goes: its release can run Python code that
+         * calls this check from another thread, which must not find this thread's id on a
+         * dict that is not its own. `d` lives on with this thread, whatever the cache holds. */
+        PyObject *old = *cache;
+        *cache = d;
         *tsid = id;
+        Py_XDECREF(old);
+        return d;
     }
     return *cache;
+}
+
+/* The `name` of the local's class, what a thread that never set one reads: borrowed. It is read
+ * again whenever the class changes (its version tag). NULL without an exception: the class
+ * has none, or a descriptor supplies it; the caller then reads the name the generic way. */
+static PyObject *class_name(LoopCheckObject *c) {
+    PyTypeObject *t = Py_TYPE(c->local);
+    if (c->default_name != NULL && t->tp_version_tag != 0 && t->tp_version_tag == c->default_tag)
+        return c->default_name;
+    PyObject *d = PyObject_GetAttr((PyObject *)t, str_name);
+    if (d == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
+        PyErr_Clear();
+        return NULL;
+    }
+    if (Py_TYPE(d)->tp_descr_get != NULL || Py_TYPE(d)->tp_descr_set != NULL) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    PyObject *old = c->default_name;
+    c->default_name = d;
+    c->default_tag = t->tp_version_tag; /* assigned by the lookup above, where it can be */
+    Py_XDECREF(old);
+    return d;
 }
 
 /* local.name for this thread, as getattr() reads it: a new reference, or NULL. */
@@ -94,7 +125,12 @@ static PyObject *local_name(LoopCheckObject *c) {
     PyObject *v = PyDict_GetItemWithError(d, str_name); /* borrowed */
     if (v == NULL) {
         if (PyErr_Occurred()) return NULL;
-        v = c->default_name;
+        v = class_name(c);
+        if (v == NULL) {
+            if (PyErr_Occurred()) return NULL;
+            c->generic = 1;
+            return PyObject_GetAttr(c->local, str_name);
+        }
     }
     return Py_NewRef(v);
 }
@@ -203,6 +239,7 @@ static PyObject *LoopCheck_new(PyTypeObject *type, PyObject *args, PyObject *kwd
     c->ldict = NULL;
     c->tsid = 0;
     c->default_name = NULL;
+    c->default_tag = 0;
     c->generic = 1;
     c->context = context == Py_None ? NULL : Py_NewRef(context);
     c->runner = runner == Py_None ? NULL : Py_NewRef(runner);
@@ -210,20 +247,14 @@ static PyObject *LoopCheck_new(PyTypeObject *type, PyObject *args, PyObject *kwd
     c->ctsid = 0;
     if (local != Py_None && PyObject_TypeCheck(local, thread_local_type) &&
         Py_TYPE(local)->tp_getattro == thread_local_type->tp_getattro) {
-        /* The class's own `name`, if it is a plain value: what a thread that never set one
-         * reads. A descriptor, or none at all, leaves the generic read. */
-        PyObject *d = PyObject_GetAttr((PyObject *)Py_TYPE(local), str_name);
-        if (d == NULL) {
-            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        /* A plain threading.local whose class gives `name` as a plain value: read fast. */
+        c->generic = 0;
+        if (class_name(c) == NULL) {
+            if (PyErr_Occurred()) {
                 Py_DECREF(c);
                 return NULL;
             }
-            PyErr_Clear();
-        } else if (Py_TYPE(d)->tp_descr_get == NULL && Py_TYPE(d)->tp_descr_set == NULL) {
-            c->default_name = d;
-            c->generic = 0;
-        } else {
-            Py_DECREF(d);
+            c->generic = 1;
         }
     }
     return (PyObject *)c;
@@ -299,6 +330,15 @@ typedef struct {
     PyObject *last;
 } FinderObject;
 
+/* The slot takes `n` for thread `me`, both before the old notifier goes (its release can run
+ * Python code that calls the finder). */
+static void remember(FinderObject *f, uint64_t me, PyObject *n) {
+    PyObject *old = f->last;
+    f->last = Py_NewRef(n);
+    f->ident = me;
+    Py_XDECREF(old);
+}
+
 static PyObject *Finder_vectorcall(PyObject *self, PyObject *const *Py_UNUSED(args),
                                    size_t nargsf, PyObject *kwnames) {
     FinderObject *f = (FinderObject *)self;
@@ -331,7 +371,7 @@ static PyObject *Finder_vectorcall(PyObject *self, PyObject *const *Py_UNUSED(ar
             Py_DECREF(check);
             if (ok < 0) goto error;
             if (ok) {
-                if (f->last != n) Py_XSETREF(f->last, Py_NewRef(n));
+                if (f->last != n) remember(f, me, n);
                 f->ident = me;
                 return n;
             }
@@ -339,10 +379,7 @@ static PyObject *Finder_vectorcall(PyObject *self, PyObject *const *Py_UNUSED(ar
     }
     Py_DECREF(n);
     n = PyObject_CallNoArgs(f->slow);
-    if (n != NULL && n != Py_None) {
-        Py_XSETREF(f->last, Py_NewRef(n));
-        f->ident = me;
-    }
+    if (n != NULL && n != Py_None) remember(f, me, n);
     return n;
 error:
     Py_DECREF(n);
@@ -559,8 +596,12 @@ static PyTypeObject HistoryType = {
  * converts it (_PyTime_AsSecondsDouble), so that the start it hands back compares exactly with
  * the Python clock's readings. */
 static double perf_counter(void) {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyTime_t raw;
+    if (PyTime_PerfCounterRaw(&raw) == 0) return PyTime_AsSecondsDouble(raw);
+#endif
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* cannot fail for this clock on Linux */
     long long t = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
     if (t % 1000000000LL == 0) return (double)(t / 1000000000LL);
     return (double)t / 1e9;
@@ -687,6 +728,11 @@ static PySendResult CheckpointQuery_step(CheckpointQueryObject *c, PyObject **re
         return PYGEN_RETURN;
     }
     c->state = 2;
+    if (c->stream == NULL) { /* cleared by the collector while suspended: never awaited on */
+        PyErr_SetString(PyExc_RuntimeError, "a cleared checkpoint_query() was resumed");
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
     /* Nothing is kept once the wait moves on: the references move out first, so that the
      * calls below cannot see them cleared under them. */
     PyObject *stream = c->stream, *query = c->query, *handle = c->handle,
@@ -710,6 +756,31 @@ static PySendResult CheckpointQuery_send(CheckpointQueryObject *c, PyObject *Py_
     return CheckpointQuery_step(c, result);
 }
 
+/* A StopIteration that the query raised, as PEP 479 turns one from a generator's body into
+ * RuntimeError: through next(), it would otherwise end the await with its value. */
+static void stop_iteration_to_runtime_error(void) {
+    if (!PyErr_ExceptionMatches(PyExc_StopIteration)) return;
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *cause = PyErr_GetRaisedException();
+#else
+    PyObject *type, *cause, *tb;
+    PyErr_Fetch(&type, &cause, &tb);
+    PyErr_NormalizeException(&type, &cause, &tb);
+    if (tb != NULL) PyException_SetTraceback(cause, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+#endif
+    PyObject *err = PyObject_CallFunction(PyExc_RuntimeError, "s",
+                                          "a wait's query raised StopIteration");
+    if (err != NULL) {
+        PyException_SetCause(err, Py_NewRef(cause));   /* steals */
+        PyException_SetContext(err, Py_NewRef(cause)); /* steals */
+        PyErr_SetObject(PyExc_RuntimeError, err);
+        Py_DECREF(err);
+    }
+    Py_XDECREF(cause);
+}
+
 /* next(), and send(value) as a generator has it: a StopIteration carries the await's value. */
 static PyObject *CheckpointQuery_next(CheckpointQueryObject *c) {
     PyObject *r;
@@ -718,6 +789,8 @@ static PyObject *CheckpointQuery_next(CheckpointQueryObject *c) {
     if (s == PYGEN_RETURN) {
         if (r != Py_None) PyErr_SetObject(PyExc_StopIteration, r); /* a float: not a tuple */
         Py_DECREF(r);
+    } else {
+        stop_iteration_to_runtime_error();
     }
     return NULL;
 }

@@ -125,6 +125,26 @@ def test_bench_pairs_throughput_rounds_and_gives_ratios_to_polling(tmp_path: Pat
     assert all(" x) |" in row for row in rows)
 
 
+def test_the_paired_table_puts_each_approach_in_its_own_column_on_every_loop() -> None:
+    """A loop that could not measure an approach gets n/a in its column, not the next
+    approach's figures; a round where polling counted nothing has no ratio."""
+    from aiocudasem.cli.bench._report import paired_ratios, paired_table
+
+    paired = {
+        "asyncio": {"1": {"poll0": [10.0, 20.0], "aiocudasem": [10.0, 30.0]}},
+        "trio": {"1": {"poll0": [10.0, 0.0], "checkpoint": [5.0, 6.0], "aiocudasem": [30.0, 1.0]}},
+    }
+    results = {"aiocudasem": {"label": "lib"}, "checkpoint": {"label": "floor"}}
+    lines = paired_table(paired, results)
+    assert (
+        "| loop | streams | busy polling, awaits/s | floor (x polling) | lib (x polling) |" in lines
+    )
+    rows = [line for line in lines if line.startswith(("| asyncio", "| trio"))]
+    assert rows[0] == "| asyncio | 1 | 15 [10-20] | n/a | 20 [10-30] (1.25 [1.00-1.50] x) |"
+    assert rows[1] == "| trio | 1 | 5 [0-10] | 6 [5-6] (0.50 x) | 16 [1-30] (3.00 x) |"
+    assert paired_ratios({"poll0": [0.0], "aiocudasem": [1.0]}, "aiocudasem") is None
+
+
 def test_bench_refuses_bad_repeats(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "aiocudasem", "bench", "--driver", "sim", "--repeats", "0"],

@@ -765,3 +765,84 @@ async def test_the_notifier_of_a_trio_run_checks_the_run_context(anyio_backend_n
     check = current_notifier()._serves_running_loop
     assert check() is True
     assert await trio.to_thread.run_sync(check) is False
+
+
+# ---------------------------------------------------------------- review cases
+
+
+def test_a_check_keeps_each_thread_s_own_dict_while_a_dead_thread_s_is_freed() -> None:
+    """Freeing the remembered dict of a thread that ended can run Python code, during which
+    another thread calls the same check: this thread must still read its own dict after."""
+
+    class Local(threading.local):
+        name: str | None = None
+
+    local = Local()
+
+    class Slow:
+        def __del__(self) -> None:
+            time.sleep(0.2)  # the GIL goes to the other thread meanwhile
+
+    async def main() -> list[bool]:
+        loop = asyncio.get_running_loop()
+        check = _hotpath.LoopCheck("asyncio", loop, get_loop, local, None)
+        seen = [check()]
+
+        def dead() -> None:
+            local.junk = Slow()  # in this thread's dict only
+            check()  # the check now remembers this thread's dict
+
+        t = threading.Thread(target=dead)
+        t.start()
+        t.join()
+        go = threading.Event()
+
+        def other() -> None:
+            local.name = "trio"
+            go.wait(5)
+            check()  # while this thread frees the dead thread's dict
+
+        b = threading.Thread(target=other)
+        b.start()
+        threading.Timer(0.05, go.set).start()
+        seen.append(check())
+        b.join()
+        return seen + [check() for _ in range(3)]
+
+    assert asyncio.run(main()) == [True] * 5
+
+
+def test_a_check_follows_a_change_of_the_local_class_s_name() -> None:
+    class Local(threading.local):
+        name: str | None = None
+
+    local = Local()
+    check = _hotpath.LoopCheck("asyncio", None, lambda: None, local, None)
+    assert check() is True
+    Local.name = "trio"  # a thread that never set one reads the class's
+    try:
+        assert check() is False
+    finally:
+        Local.name = None
+    assert check() is True
+
+
+def test_checkpoint_query_turns_a_stop_iteration_of_the_query_into_runtime_error() -> None:
+    """Through next() a StopIteration would end the await with its value, as if the query had
+    said the stream was busy since then; PEP 479 makes it a RuntimeError, as here."""
+    stream, history = _Stream(), _hotpath.History()
+
+    def odd(h: int) -> bool:
+        raise StopIteration(42.0)
+
+    it = _hotpath.checkpoint_query(stream, odd, 7, history).__await__()
+    next(it)
+    with pytest.raises(RuntimeError, match="StopIteration") as info:
+        next(it)
+    assert isinstance(info.value.__cause__, StopIteration)
+
+    async def main() -> None:
+        await _hotpath.checkpoint_query(stream, odd, 7, history)
+
+    with pytest.raises(RuntimeError):
+        asyncio.run(main())

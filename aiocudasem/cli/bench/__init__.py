@@ -240,7 +240,11 @@ def write(
         document["paired"] = paired
         summary["paired"] = {
             loop: {
-                n: {name: paired_ratios(runs, name) for name in runs if name != "poll0"}
+                n: {
+                    name: ratio
+                    for name in runs
+                    if name != "poll0" and (ratio := paired_ratios(runs, name)) is not None
+                }
                 for n, runs in by_n.items()
             }
             for loop, by_n in paired.items()

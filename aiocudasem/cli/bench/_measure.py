@@ -398,8 +398,8 @@ async def paired_throughput(b: Bench, loop: str, approaches: list[Approach], rou
                     ap.teardown()
         out[str(n)] = runs
         for name in runs:
-            if name != "poll0":
-                ratios = [a / p for a, p in zip(runs[name], runs["poll0"], strict=True)]
+            ratios = [a / p for a, p in zip(runs[name], runs["poll0"], strict=True) if p > 0]
+            if name != "poll0" and ratios:
                 say(
                     f"  {loop} {n} stream(s), paired: {name} / poll0 per round: median "
                     f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]"

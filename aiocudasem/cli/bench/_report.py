@@ -13,7 +13,7 @@ from typing import Any
 import aiocudasem as acs
 
 from ._common import pct
-from ._measure import PARKED_KERNEL_NS
+from ._measure import PAIRED_APPROACHES, PARKED_KERNEL_NS
 
 PARKED_S = PARKED_KERNEL_NS / 1e9
 
@@ -322,26 +322,31 @@ def _trio_table(trio: dict[str, Any]) -> list[str]:
     return lines
 
 
-def paired_ratios(runs: dict[str, list[float]], name: str) -> dict[str, float]:
-    """``name``'s awaits/s over busy polling's, round by round: median, min, max, runs."""
-    return over_runs([a / p for a, p in zip(runs[name], runs["poll0"], strict=True)])
+def paired_ratios(runs: dict[str, list[float]], name: str) -> dict[str, float] | None:
+    """``name``'s awaits/s over busy polling's, round by round: median, min, max, runs. Rounds
+    where polling counted nothing are left out; None if that leaves none."""
+    ratios = [a / p for a, p in zip(runs[name], runs["poll0"], strict=True) if p > 0]
+    return over_runs(ratios) if ratios else None
 
 
 def paired_table(paired: dict[str, Any], results: dict[str, Any]) -> list[str]:
     """The paired throughput rounds: awaits/s of each approach, and its ratio to busy polling
-    within each round."""
+    within each round. One column per approach measured on any loop, in the benchmark's order;
+    n/a where a loop did not measure it."""
+    seen = {name for by_n in paired.values() for runs in by_n.values() for name in runs}
+    names = [n for n in PAIRED_APPROACHES if n in seen and n != "poll0"]
     rows = []
-    names: list[str] = []
     for loop, by_n in paired.items():
         for n, runs in by_n.items():
-            others = [name for name in runs if name != "poll0"]
-            names = names or others
             cells = [spread(over_runs(runs["poll0"]))]
-            for name in others:
+            for name in names:
+                if name not in runs:
+                    cells.append("n/a")
+                    continue
                 ratio = spread(paired_ratios(runs, name), ".2f")
                 cells.append(f"{spread(over_runs(runs[name]))} ({ratio} x)")
             rows.append(f"| {loop} | {n} | " + " | ".join(cells) + " |")
-    if not rows:
+    if not rows or not names:
         return []
     first = next(iter(next(iter(paired.values())).values()))
     rounds = len(first["poll0"])
@@ -355,7 +360,8 @@ def paired_table(paired: dict[str, Any], results: dict[str, Any]) -> list[str]:
         "each round. The ratio to busy polling is taken within each round, so the machine's "
         "drift over seconds and minutes, which spreads the rounds of the tables above, falls "
         "on both sides of it. Each cell: awaits/s, median [min-max] over the rounds, and in "
-        "brackets the ratio to busy polling, median [min-max] over the rounds.",
+        "brackets the ratio to busy polling, median [min-max] over the rounds (the trio rows "
+        "measure the trio form of each approach).",
         "",
         "| loop | streams | busy polling, awaits/s | "
         + " | ".join(f"{label} (x polling)" for label in labels)
