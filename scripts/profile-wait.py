@@ -42,6 +42,7 @@ import anyio.lowlevel
 import aiocudasem as acs
 from aiocudasem._notifier._loop import current_notifier
 from aiocudasem._notifier._pools import give_back, take_event
+from aiocudasem.cli.bench._measure import _rotated
 from aiocudasem.testing import workloads
 
 lines: list[str] = []
@@ -249,8 +250,7 @@ async def run_backend(probe: Probe, seconds: float, rounds: int) -> None:
             kinds = ("poll", "floor", "aiocudasem") if not counted else ("poll", "aiocudasem")
             res: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
             for r in range(rounds if not counted else 1):
-                order = list(res)
-                for kind in order[r % len(order) :] + order[: r % len(order)]:
+                for kind in _rotated(list(res), r):
                     res[kind].append(await probe.loop(kind, n, seconds, counted))
             if not counted:
                 for other in ("poll", "floor"):

@@ -397,12 +397,14 @@ async def paired_throughput(b: Bench, loop: str, approaches: list[Approach], rou
                 finally:
                     ap.teardown()
         out[str(n)] = runs
+        from ._report import paired_ratios, spread  # _report imports this module
+
         for name in runs:
-            ratios = [a / p for a, p in zip(runs[name], runs["poll0"], strict=True) if p > 0]
-            if name != "poll0" and ratios:
+            ratio = paired_ratios(runs, name) if name != "poll0" else None
+            if ratio is not None:
                 say(
                     f"  {loop} {n} stream(s), paired: {name} / poll0 per round: median "
-                    f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]"
+                    f"{spread(ratio, '.2f')}"
                 )
 
 
