@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
 """How a parked crowd wakes: percentiles of 10,000 coroutines' wake-ups after their kernels end,
-for busy polling and for aiocudasem with several relay run lengths, interleaved.
+for busy polling and for aiocudasem with several relays, interleaved.
 
 Each crowd is the benchmark's parked crowd (10,000 coroutines dealt round-robin over 64 streams,
 one 1.5 s kernel each, a full garbage collection once all have started; see ``Bench.many``).
 For aiocudasem it also prints each batch of host-function tokens that the notifier delivered:
 when (ms after the kernels' end), how many, and how long finishing their points took. A relay
-of ``all`` wakes each batch's sleepers at once. On the GPU machine:
+of ``N`` wakes the first N sleepers of a crowd, and the first of them to leave wakes all the
+others (the library's relay, with N = 256); ``all`` wakes each batch's sleepers at once;
+``256runs`` is the relay of earlier versions, runs of 256, each woken when fewer than 64 of
+the run before it are still to run. On the GPU machine:
 
     bash scripts/device.sh --smoke scripts/crowd-wake.py
 
 or, with the package importable, ``python3 scripts/crowd-wake.py [ROUNDS] [RELAYS]``, for
-example ``python3 scripts/crowd-wake.py 4 256,all,1024`` (the default);
+example ``python3 scripts/crowd-wake.py 4 256,256runs,all`` (the default);
 ``256busy`` is a relay of 256 with the loop's thread kept busy in Python until 1 ms before the
 kernels end, so that a thread that has not slept wakes the crowd; ``256warm`` runs a full
 garbage collection 0.1 s before the end, which reads every object of the crowd; ``256late``
@@ -187,7 +190,7 @@ async def crowd(
 
 async def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 4
-    relays = (sys.argv[2] if len(sys.argv) > 2 else "256,all,1024").split(",")
+    relays = (sys.argv[2] if len(sys.argv) > 2 else "256,256runs,all").split(",")
     drv = acs.get_driver(os.environ.get("AIOCUDASEM_DRIVER") or "cuda")
     run = workloads(drv)
     hs = [drv.stream_create(0, True, 0) for _ in range(64)]
@@ -195,7 +198,9 @@ async def main() -> None:
     kinds: list[tuple[str, Approach, int, str]] = [("poll", poll, 0, "")]
     # "256busy", "256warm", "256late": see crowd(); "256nowatch": no fault watchdog thread
     for spec in relays:
-        how = next((w for w in ("busy", "warm", "late", "nowatch") if spec.endswith(w)), "")
+        how = next(
+            (w for w in ("busy", "warm", "late", "nowatch", "runs") if spec.endswith(w)), ""
+        )
         length = spec.removesuffix(how)
         name = f"relay {length}" + (f", {how}" if how else "")
         kinds.append((name, library, 10**9 if length == "all" else int(length), how))
@@ -207,6 +212,7 @@ async def main() -> None:
             for name, ap, relay, how in kinds[k:] + kinds[:k]:
                 _loop._RELAY = relay or default
                 _loop._RELAY_LOW = _loop._RELAY // 4
+                _loop._REST_AT_ONCE = how != "runs"
                 watch = _loop._watchdog.add, _loop._watchdog.remove
                 if how == "nowatch":
                     _loop._watchdog.add = _loop._watchdog.remove = lambda *a: None  # type: ignore[method-assign]
@@ -219,6 +225,7 @@ async def main() -> None:
                 print(f"{name:17} {woken}", flush=True)
     finally:
         _loop._RELAY, _loop._RELAY_LOW = default, default // 4
+        _loop._REST_AT_ONCE = True
 
 
 if __name__ == "__main__":

@@ -657,11 +657,17 @@ async def test_with_spinning_on_a_crowd_makes_a_point_per_spinner_at_most(sim: S
         assert statistics().chained == 0
 
 
-async def test_a_crowd_larger_than_a_relay_run_all_wakes(sim: SimDriver, parked: None) -> None:
-    """A finished crowd is woken in runs of ``_RELAY``: every coroutine of a crowd several
-    runs long over several streams wakes, and the relay is empty and settled afterwards."""
+@pytest.mark.parametrize("rest_at_once", [True, False], ids=["relay", "runs"])
+async def test_a_crowd_larger_than_a_relay_run_all_wakes(
+    sim: SimDriver, parked: None, rest_at_once: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A finished crowd is woken first ``_RELAY`` sleepers, then the rest (or, in the relay
+    of earlier versions that scripts/crowd-wake.py compares, in runs of ``_RELAY``): every
+    coroutine of a crowd several runs long over several streams wakes, and the relay is empty
+    and settled afterwards."""
     from aiocudasem._notifier import _loop, current_notifier
 
+    monkeypatch.setattr(_loop, "_REST_AT_ONCE", rest_at_once)
     n = 3 * _loop._RELAY + 17
     woke = 0
 
@@ -688,24 +694,80 @@ async def test_a_crowd_larger_than_a_relay_run_all_wakes(sim: SimDriver, parked:
         assert statistics().parked == 0
 
 
+async def test_the_first_to_leave_a_woken_crowd_wakes_all_the_others(
+    sim: SimDriver, parked: None
+) -> None:
+    """Only the first ``_RELAY`` sleepers of a finished crowd are woken by the drainer; the
+    first of them to leave wakes all the others at once, so that the rest of the crowd is
+    queued to resume before the callbacks of the tasks that end (a task group's)."""
+    from aiocudasem._notifier import _loop, current_notifier
+
+    notifier = current_notifier()
+    n = 3 * _loop._RELAY + 17
+    first_run: list[int] = []
+    at_first_return: list[int] = []
+    woke = 0
+    complete = notifier._complete
+
+    def complete_and_look(tokens: list[int]) -> None:
+        complete(tokens)
+        first_run.append(notifier._relayed)  # woken by the drainer and still to run
+
+    async def one(s: acs.Stream) -> None:
+        nonlocal woke
+        await s.wait_complete()
+        if not at_first_return:
+            at_first_return.append(len(notifier._relaying))
+        woke += 1
+
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        async with anyio.create_task_group() as tg:
+            for _ in range(n):
+                tg.start_soon(one, s)
+            await anyio.wait_all_tasks_blocked()
+            assert statistics().parked == n
+            notifier._complete = complete_and_look  # type: ignore[method-assign]
+            try:
+                gate.set()
+                with anyio.fail_after(10):
+                    while woke < n:
+                        await anyio.sleep(0.001)
+            finally:
+                del notifier._complete
+    assert first_run[0] == _loop._RELAY  # one batch: its first run only
+    assert at_first_return == [0]  # by the first return, nobody waits in the relay
+    assert notifier._relayed == 0
+    assert not notifier._relaying
+
+
 async def test_cancelling_part_of_a_relayed_crowd_loses_no_wake_up(
     sim: SimDriver, parked: None
 ) -> None:
     """Coroutines cancelled while their crowd is being relayed leave, and the relay goes on
-    past them to the others."""
+    past them to the others. The cancellations come as soon as the drainer has woken the
+    crowd's first run, while the rest waits in the relay."""
     from aiocudasem._notifier import _loop, current_notifier
 
+    notifier = current_notifier()
     n = 4 * _loop._RELAY
     scopes: list[anyio.CancelScope] = []
     woke = cancelled = 0
+    complete = notifier._complete
+
+    def complete_then_cancel(tokens: list[int]) -> None:
+        complete(tokens)
+        waiting = len(notifier._relaying)
+        for sc in scopes[::3]:  # every third, most of them still in the relay
+            sc.cancel()
+        in_relay.append(waiting)
+
+    in_relay: list[int] = []
 
     async def one(s: acs.Stream, scope: anyio.CancelScope) -> None:
         nonlocal woke, cancelled
         with scope:
             await s.wait_complete()
-            if woke == 0:  # the first to wake cancels every third, most not yet woken
-                for sc in scopes[::3]:
-                    sc.cancel()
             woke += 1
         if scope.cancelled_caught:
             cancelled += 1
@@ -717,13 +779,19 @@ async def test_cancelling_part_of_a_relayed_crowd_loses_no_wake_up(
                 scopes.append(anyio.CancelScope())
                 tg.start_soon(one, s, scopes[-1])
             await anyio.wait_all_tasks_blocked()
-            gate.set()
-            with anyio.fail_after(10):
-                while woke + cancelled < n:
-                    await anyio.sleep(0.001)
-        assert cancelled >= n // 8  # most of every third: those not woken in the first runs
+            notifier._complete = complete_then_cancel  # type: ignore[method-assign]
+            try:
+                gate.set()
+                with anyio.fail_after(10):
+                    while woke + cancelled < n:
+                        await anyio.sleep(0.001)
+            finally:
+                del notifier._complete
+        assert in_relay == [n - _loop._RELAY]
+        assert cancelled >= n // 8  # most of every third: those not in the first run
         assert woke + cancelled == n
-        assert not current_notifier()._relaying
+        assert not notifier._relaying
+        assert notifier._relayed == 0
 
 
 async def test_a_drainer_that_parked_late_leaves_the_relay_settled(

@@ -527,10 +527,10 @@ class Notifier:
                         del sleeping[point]
                         self._unwatch(point)
                 if self._relayed:  # a woken crowd's relay (see _relay_batch()), counted
-                    # loosely: a coroutine woken otherwise counts too, which only wakes the next
-                    # run sooner
+                    # loosely: a coroutine woken otherwise counts too, which only wakes the
+                    # others sooner
                     self._relayed -= 1
-                    if self._relaying and self._relayed <= _RELAY_LOW:
+                    if self._relaying and (_REST_AT_ONCE or self._relayed <= _RELAY_LOW):
                         self._relay()
                 if not self.closed:
                     # Deliver what is queued before leaving. Nobody may be draining right now:
@@ -623,32 +623,38 @@ class Notifier:
         memory, and each resume costs up to twice as much (measured on a development
         machine).
 
-        The relay: up to ``_RELAY`` sleepers are woken at a time, and the coroutine that
-        leaves with fewer than a quarter of those still to run wakes the next ones
-        (``_park()``). So the first resume as soon as the loop runs them, not after the
-        drainer has woken a crowd of 10,000 (11-18 ms on an H200 host), and the loop looks at
-        its fds and its other tasks between the crowd's turns. Woken in runs, not one by one
-        as each leaves, the crowd keeps the cost per coroutine of waking it all at once."""
+        The relay: the first ``_RELAY`` sleepers of a crowd are woken at once, so that the
+        first of them resume as soon as the loop runs, not after the drainer has woken all
+        10,000 (11-18 ms on an H200 host); the first of them to leave then wakes all the others
+        (``_park()``). The rest of the crowd is thus queued to resume before the callbacks of
+        the tasks that finish: a task's end schedules its own callbacks (a task group's
+        bookkeeping), and in runs of 256, each run queued behind the callbacks of the run
+        before it, every coroutine waited for those of all the coroutines before it, which
+        busy polling, whose crowd ends in one pass, runs only after its last coroutine (see
+        docs/performance.md). A batch that arrives while a crowd is being woken is woken at
+        once."""
         if len(batches) == 1:
             order: Iterable[Sleeper] = batches[0]
         else:
             merged = itertools.chain.from_iterable(b.items() for b in batches)
             order = [s for s, _ in sorted(merged, key=_second)]
         self._relaying.extend(order)
-        if self._relayed <= _RELAY_LOW:
+        if _REST_AT_ONCE or self._relayed <= _RELAY_LOW:
             self._relay()
 
     def _relay(self) -> None:
-        """Wake the next ``_RELAY`` sleepers waiting in the relay (those cancelled meanwhile
-        are skipped)."""
+        """Wake sleepers waiting in the relay (those cancelled meanwhile are skipped): the
+        first ``_RELAY`` of a crowd, or, while coroutines woken by the relay are still to run,
+        all of them."""
         relaying = self._relaying
-        n = _RELAY
-        while n and relaying:
+        n = len(relaying) if _REST_AT_ONCE and self._relayed else _RELAY
+        woken = 0
+        while woken < n and relaying:
             s = relaying.popleft()
             if not s.done():
                 s.set_result(None)
-                n -= 1
-        self._relayed += _RELAY - n
+                woken += 1
+        self._relayed += woken
 
     def _watch(self, point: Point) -> None:
         key = (point.driver, point.device)
@@ -712,9 +718,13 @@ def _wake(sleepers: Iterable[Sleeper]) -> None:
 
 _second = operator.itemgetter(1)
 
-#: How many sleepers of a finished crowd are woken in one run, and how few of those may be
-#: left to run when the next run is woken (see Notifier._relay_batch()).
+#: How many sleepers of a finished crowd are woken first; the first of them to leave wakes
+#: the others (see Notifier._relay_batch()).
 _RELAY = 256
+#: ``False``: the relay of earlier versions, kept for ``scripts/crowd-wake.py`` to compare:
+#: runs of ``_RELAY``, each woken once fewer than ``_RELAY_LOW`` of the run before it are
+#: still to run.
+_REST_AT_ONCE = True
 _RELAY_LOW = _RELAY // 4
 
 
