@@ -694,19 +694,19 @@ async def test_a_crowd_larger_than_a_relay_run_all_wakes(
         assert statistics().parked == 0
 
 
-async def test_the_first_to_leave_a_woken_crowd_wakes_all_the_others(
+async def test_a_woken_crowd_after_its_first_run_is_woken_all_at_once(
     sim: SimDriver, parked: None
 ) -> None:
     """Only the first ``_RELAY`` sleepers of a finished crowd are woken by the drainer; the
-    first of them to leave wakes all the others at once, so that the rest of the crowd is
-    queued to resume before the callbacks of the tasks that end (a task group's)."""
+    coroutine that leaves with fewer than ``_RELAY_LOW`` of them still to run wakes all the
+    others at once, so that the rest of the crowd is queued to resume before the callbacks of
+    the tasks that end (a task group's)."""
     from aiocudasem._notifier import _loop, current_notifier
 
     notifier = current_notifier()
     n = 3 * _loop._RELAY + 17
     first_run: list[int] = []
-    at_first_return: list[int] = []
-    woke = 0
+    in_relay: list[int] = []  # at each return from the wait
     complete = notifier._complete
 
     def complete_and_look(tokens: list[int]) -> None:
@@ -714,11 +714,8 @@ async def test_the_first_to_leave_a_woken_crowd_wakes_all_the_others(
         first_run.append(notifier._relayed)  # woken by the drainer and still to run
 
     async def one(s: acs.Stream) -> None:
-        nonlocal woke
         await s.wait_complete()
-        if not at_first_return:
-            at_first_return.append(len(notifier._relaying))
-        woke += 1
+        in_relay.append(len(notifier._relaying))
 
     async with acs.open_stream(driver=sim) as s:
         gate = hold(s)
@@ -731,12 +728,18 @@ async def test_the_first_to_leave_a_woken_crowd_wakes_all_the_others(
             try:
                 gate.set()
                 with anyio.fail_after(10):
-                    while woke < n:
+                    while len(in_relay) < n:
                         await anyio.sleep(0.001)
             finally:
                 del notifier._complete
-    assert first_run[0] == _loop._RELAY  # one batch: its first run only
-    assert at_first_return == [0]  # by the first return, nobody waits in the relay
+    assert first_run == [_loop._RELAY]  # one batch: its first run only
+    # The first run returns with the rest still in the relay, until the one that leaves
+    # _RELAY_LOW of it to run: it wakes all the others before it returns, and nobody waits in
+    # the relay any more.
+    rest = n - _loop._RELAY
+    assert in_relay[0] == rest
+    assert set(in_relay) == {rest, 0}
+    assert in_relay.count(rest) == _loop._RELAY - _loop._RELAY_LOW - 1
     assert notifier._relayed == 0
     assert not notifier._relaying
 

@@ -530,7 +530,7 @@ class Notifier:
                     # loosely: a coroutine woken otherwise counts too, which only wakes the
                     # others sooner
                     self._relayed -= 1
-                    if self._relaying and (_REST_AT_ONCE or self._relayed <= _RELAY_LOW):
+                    if self._relaying and self._relayed <= _RELAY_LOW:
                         self._relay()
                 if not self.closed:
                     # Deliver what is queued before leaving. Nobody may be draining right now:
@@ -625,27 +625,27 @@ class Notifier:
 
         The relay: the first ``_RELAY`` sleepers of a crowd are woken at once, so that the
         first of them resume as soon as the loop runs, not after the drainer has woken all
-        10,000 (11-18 ms on an H200 host); the first of them to leave then wakes all the others
-        (``_park()``). The rest of the crowd is thus queued to resume before the callbacks of
-        the tasks that finish: a task's end schedules its own callbacks (a task group's
-        bookkeeping), and in runs of 256, each run queued behind the callbacks of the run
-        before it, every coroutine waited for those of all the coroutines before it, which
-        busy polling, whose crowd ends in one pass, runs only after its last coroutine (see
-        docs/performance.md). A batch that arrives while a crowd is being woken is woken at
-        once."""
+        10,000 (11-18 ms on an H200 host); the coroutine that leaves with fewer than a quarter
+        of those still to run then wakes all the others (``_park()``). The rest of the crowd is
+        thus queued to resume before the callbacks of the tasks that finish: a task's end
+        schedules its own callbacks (a task group's bookkeeping), and in runs of 256, each run
+        queued behind the callbacks of the run before it, every coroutine waited for those of
+        all the coroutines before it, which busy polling, whose crowd ends in one pass, runs
+        only after its last coroutine (see docs/performance.md). A batch that comes while a
+        crowd is being woken waits for the same turn."""
         if len(batches) == 1:
             order: Iterable[Sleeper] = batches[0]
         else:
             merged = itertools.chain.from_iterable(b.items() for b in batches)
             order = [s for s, _ in sorted(merged, key=_second)]
         self._relaying.extend(order)
-        if _REST_AT_ONCE or self._relayed <= _RELAY_LOW:
+        if self._relayed <= _RELAY_LOW:
             self._relay()
 
     def _relay(self) -> None:
         """Wake sleepers waiting in the relay (those cancelled meanwhile are skipped): the
-        first ``_RELAY`` of a crowd, or, while coroutines woken by the relay are still to run,
-        all of them."""
+        first ``_RELAY`` of a crowd, or, while coroutines that it woke are still to run, all of
+        them."""
         relaying = self._relaying
         n = len(relaying) if _REST_AT_ONCE and self._relayed else _RELAY
         woken = 0
@@ -718,14 +718,13 @@ def _wake(sleepers: Iterable[Sleeper]) -> None:
 
 _second = operator.itemgetter(1)
 
-#: How many sleepers of a finished crowd are woken first; the first of them to leave wakes
-#: the others (see Notifier._relay_batch()).
+#: How many sleepers of a finished crowd are woken first, and how few of those may be left
+#: to run when all the others are woken (see Notifier._relay_batch()).
 _RELAY = 256
-#: ``False``: the relay of earlier versions, kept for ``scripts/crowd-wake.py`` to compare:
-#: runs of ``_RELAY``, each woken once fewer than ``_RELAY_LOW`` of the run before it are
-#: still to run.
-_REST_AT_ONCE = True
 _RELAY_LOW = _RELAY // 4
+#: ``False``: the relay of earlier versions, kept for ``scripts/crowd-wake.py`` to compare:
+#: runs of ``_RELAY``, each woken once fewer than ``_RELAY_LOW`` of the run before are left.
+_REST_AT_ONCE = True
 
 
 async def _lifetime(ref: weakref.ref[Notifier]) -> AsyncGenerator[None, None]:
