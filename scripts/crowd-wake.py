@@ -198,9 +198,7 @@ async def main() -> None:
     kinds: list[tuple[str, Approach, int, str]] = [("poll", poll, 0, "")]
     # "256busy", "256warm", "256late": see crowd(); "256nowatch": no fault watchdog thread
     for spec in relays:
-        how = next(
-            (w for w in ("busy", "warm", "late", "nowatch", "runs") if spec.endswith(w)), ""
-        )
+        how = next((w for w in ("busy", "warm", "late", "nowatch", "runs") if spec.endswith(w)), "")
         length = spec.removesuffix(how)
         name = f"relay {length}" + (f", {how}" if how else "")
         kinds.append((name, library, 10**9 if length == "all" else int(length), how))
