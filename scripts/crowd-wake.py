@@ -6,9 +6,10 @@ Each crowd is the benchmark's parked crowd (10,000 coroutines dealt round-robin 
 one 1.5 s kernel each, a full garbage collection once all have started; see ``Bench.many``).
 For aiocudasem it also prints each batch of host-function tokens that the notifier delivered:
 when (ms after the kernels' end), how many, and how long finishing their points took. A relay
-of ``N`` wakes the first N sleepers of a crowd, and the first of them to leave wakes all the
-others (the library's relay, with N = 256); ``all`` wakes each batch's sleepers at once;
-``256runs`` is the relay of earlier versions, runs of 256, each woken when fewer than 64 of
+of ``N`` wakes the first N sleepers of a crowd, and the coroutine whose leaving brings those
+still to run down to N/4 wakes all the others (the library's relay, with N = 256); ``all``
+wakes each batch's sleepers at once;
+``256runs`` is the relay of earlier versions, runs of 256, each woken when 64 of
 the run before it are still to run. On the GPU machine:
 
     bash scripts/device.sh --smoke scripts/crowd-wake.py

@@ -698,9 +698,9 @@ async def test_a_woken_crowd_after_its_first_run_is_woken_all_at_once(
     sim: SimDriver, parked: None
 ) -> None:
     """Only the first ``_RELAY`` sleepers of a finished crowd are woken by the drainer; the
-    coroutine that leaves with fewer than ``_RELAY_LOW`` of them still to run wakes all the
+    coroutine whose leaving brings those still to run down to ``_RELAY_LOW`` wakes all the
     others at once, so that the rest of the crowd is queued to resume before the callbacks of
-    the tasks that end (a task group's)."""
+    all but the first run's tasks (a task group's)."""
     from aiocudasem._notifier import _loop, current_notifier
 
     notifier = current_notifier()
@@ -742,6 +742,37 @@ async def test_a_woken_crowd_after_its_first_run_is_woken_all_at_once(
     assert in_relay.count(rest) == _loop._RELAY - _loop._RELAY_LOW - 1
     assert notifier._relayed == 0
     assert not notifier._relaying
+
+
+async def test_a_batch_that_comes_while_a_crowd_is_woken_gets_a_first_run_of_its_own() -> None:
+    """A batch of finished points that comes while coroutines woken by the relay are still to
+    run is not woken all at once: it gets a first run of ``_RELAY``, and the rest waits for a
+    coroutine to leave."""
+    from aiocudasem._notifier import _loop, current_notifier
+
+    notifier = current_notifier()
+
+    class Recording:
+        def __init__(self) -> None:
+            self.set = False
+
+        def done(self) -> bool:
+            return self.set
+
+        def set_result(self, _result: None) -> None:
+            self.set = True
+
+    sleepers = [Recording() for _ in range(3 * _loop._RELAY)]
+    notifier._relayed = 10  # an earlier crowd's last coroutines, still to run
+    try:
+        notifier._relay_batch([{s: i for i, s in enumerate(sleepers)}])  # type: ignore[dict-item]
+        assert sum(s.set for s in sleepers) == _loop._RELAY
+        assert len(notifier._relaying) == 2 * _loop._RELAY
+        notifier._relay(rest=True)  # as the leave that brings them down to _RELAY_LOW does
+        assert all(s.set for s in sleepers)
+    finally:
+        notifier._relaying.clear()
+        notifier._relayed = 0  # nobody will run for these
 
 
 async def test_cancelling_part_of_a_relayed_crowd_loses_no_wake_up(

@@ -531,7 +531,7 @@ class Notifier:
                     # others sooner
                     self._relayed -= 1
                     if self._relaying and self._relayed <= _RELAY_LOW:
-                        self._relay()
+                        self._relay(rest=_REST_AT_ONCE)
                 if not self.closed:
                     # Deliver what is queued before leaving. Nobody may be draining right now:
                     # this coroutine may have been cancelled before it drained, and the next
@@ -625,14 +625,16 @@ class Notifier:
 
         The relay: the first ``_RELAY`` sleepers of a crowd are woken at once, so that the
         first of them resume as soon as the loop runs, not after the drainer has woken all
-        10,000 (11-18 ms on an H200 host); the coroutine that leaves with fewer than a quarter
-        of those still to run then wakes all the others (``_park()``). The rest of the crowd is
-        thus queued to resume before the callbacks of the tasks that finish: a task's end
-        schedules its own callbacks (a task group's bookkeeping), and in runs of 256, each run
-        queued behind the callbacks of the run before it, every coroutine waited for those of
-        all the coroutines before it, which busy polling, whose crowd ends in one pass, runs
-        only after its last coroutine (see docs/performance.md). A batch that comes while a
-        crowd is being woken waits for the same turn."""
+        10,000 (11-18 ms on an H200 host); the coroutine whose leaving brings those still to run
+        down to ``_RELAY_LOW`` then wakes all the others (``_park()``). The rest of the crowd is
+        thus queued to resume before the callbacks of all but the first run's tasks: a task's
+        end schedules its own callbacks (a task group's bookkeeping), and in runs of 256, each
+        run queued behind the callbacks of the run before it, every coroutine waited for those
+        of all the coroutines before it, which busy polling, whose crowd ends in one pass, runs
+        only after its last coroutine (see docs/performance.md). A batch that comes while
+        more than ``_RELAY_LOW`` woken coroutines are still to run waits in the relay and is
+        woken with the rest of the crowd before it; one that comes later gets a first run of
+        its own."""
         if len(batches) == 1:
             order: Iterable[Sleeper] = batches[0]
         else:
@@ -642,12 +644,11 @@ class Notifier:
         if self._relayed <= _RELAY_LOW:
             self._relay()
 
-    def _relay(self) -> None:
+    def _relay(self, rest: bool = False) -> None:
         """Wake sleepers waiting in the relay (those cancelled meanwhile are skipped): the
-        first ``_RELAY`` of a crowd, or, while coroutines that it woke are still to run, all of
-        them."""
+        next ``_RELAY``, or with ``rest`` all of them."""
         relaying = self._relaying
-        n = len(relaying) if _REST_AT_ONCE and self._relayed else _RELAY
+        n = len(relaying) if rest else _RELAY
         woken = 0
         while woken < n and relaying:
             s = relaying.popleft()
@@ -718,12 +719,12 @@ def _wake(sleepers: Iterable[Sleeper]) -> None:
 
 _second = operator.itemgetter(1)
 
-#: How many sleepers of a finished crowd are woken first, and how few of those may be left
+#: How many sleepers of a finished crowd are woken first, and how many of those are still
 #: to run when all the others are woken (see Notifier._relay_batch()).
 _RELAY = 256
 _RELAY_LOW = _RELAY // 4
 #: ``False``: the relay of earlier versions, kept for ``scripts/crowd-wake.py`` to compare:
-#: runs of ``_RELAY``, each woken once fewer than ``_RELAY_LOW`` of the run before are left.
+#: runs of ``_RELAY``, each woken once ``_RELAY_LOW`` of the runs before are still to run.
 _REST_AT_ONCE = True
 
 
