@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -85,6 +84,8 @@ def main() -> int:
     if ns.child:
         child(ns.child.split(","))
         return 0
+    from aiocudasem.cli.bench import _report  # the benchmark's own median [min-max]
+
     trees = {"before": os.path.abspath(ns.before), "after": os.path.abspath(ns.after)}
     for tree in trees.values():
         subprocess.run(
@@ -99,7 +100,9 @@ def main() -> int:
         order = NAMES[r % 3 :] + NAMES[: r % 3]
         for label in ("before", "after") if r % 2 == 0 else ("after", "before"):
             env = dict(os.environ)
-            env["PYTHONPATH"] = os.pathsep.join([trees[label], env.get("PYTHONPATH", "")])
+            env["PYTHONPATH"] = os.pathsep.join(
+                [trees[label]] + [x for x in env.get("PYTHONPATH", "").split(os.pathsep) if x]
+            )
             run = subprocess.run(
                 [sys.executable, os.path.abspath(__file__), "--child", ",".join(order)],
                 env=env,
@@ -129,11 +132,7 @@ def main() -> int:
             row = []
             for label in ("before", "after"):
                 v = [d[n][key] for d in res[label]]
-                row.append(
-                    f"{label} {statistics.median(v):.1f} [{min(v):.1f}-{max(v):.1f}]"
-                    if v
-                    else f"{label} n/a"
-                )
+                row.append(f"{label} {_report.spread(_report.over_runs(v) if v else None, '.1f')}")
             print(f"{key:12} {n:11} " + "  ".join(row))
     return 0 if all(len(v) == ns.rounds for v in res.values()) else 1
 

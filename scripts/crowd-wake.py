@@ -197,13 +197,14 @@ async def main() -> None:
     hs = [drv.stream_create(0, True, 0) for _ in range(64)]
     library, poll = Aiocudasem(drv), PollSleep0(drv)
     kinds: list[tuple[str, Approach, int, str]] = [("poll", poll, 0, "")]
-    # "256busy", "256warm", "256late": see crowd(); "256nowatch": no fault watchdog thread
+    # "256busy", "256warm", "256late": see crowd(); "256nowatch": no fault watchdog thread;
+    # "256runs": the relay of earlier versions
     for spec in relays:
         how = next((w for w in ("busy", "warm", "late", "nowatch", "runs") if spec.endswith(w)), "")
         length = spec.removesuffix(how)
         name = f"relay {length}" + (f", {how}" if how else "")
         kinds.append((name, library, 10**9 if length == "all" else int(length), how))
-    default = _loop._RELAY
+    default, rest_default = _loop._RELAY, _loop._REST_AT_ONCE
     print(f"warm-up: {await crowd(run, hs, library, 1000)}", flush=True)
     try:
         for r in range(rounds):
@@ -224,7 +225,7 @@ async def main() -> None:
                 print(f"{name:17} {woken}", flush=True)
     finally:
         _loop._RELAY, _loop._RELAY_LOW = default, default // 4
-        _loop._REST_AT_ONCE = True
+        _loop._REST_AT_ONCE = rest_default
 
 
 if __name__ == "__main__":
