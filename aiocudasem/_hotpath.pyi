@@ -1,8 +1,11 @@
-from collections.abc import Awaitable, Callable
-from contextvars import ContextVar
-from typing import Any, Final, Literal
+import asyncio
+from collections.abc import Awaitable, Callable, Generator
+from contextvars import Context, ContextVar
+from typing import Any, Final, Literal, TypeVar
 
 from ._notifier._points import Point
+
+_K = TypeVar("_K")
 
 PROBE_EVERY: Final[int]
 """A stream whose waits are long still spins on one wait in this many."""
@@ -64,3 +67,32 @@ def checkpoint_query(
 ) -> Awaitable[float | None]:
     """On asyncio: one bare yield, then :func:`settle`. None if the stream was idle, else when
     the wait began (a ``time.perf_counter()``)."""
+
+class Sleeper:
+    """The sleeper of one coroutine parked on an asyncio loop: a future of the loop (asyncio's
+    future protocol) for the task that awaits it, which :func:`run_sleepers` can wake without
+    scheduling a callback of the loop per task."""
+
+    _asyncio_future_blocking: bool
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None: ...
+    def get_loop(self) -> asyncio.AbstractEventLoop: ...
+    def done(self) -> bool: ...
+    def cancelled(self) -> bool: ...
+    def result(self) -> None: ...
+    def exception(self) -> BaseException | None: ...
+    def set_result(self, result: None, /) -> None: ...
+    def cancel(self, msg: Any | None = None) -> bool: ...
+    def add_done_callback(
+        self, fn: Callable[[Sleeper], object], /, *, context: Context | None = None
+    ) -> None: ...
+    def remove_done_callback(self, fn: Callable[[Sleeper], object], /) -> int: ...
+    def __await__(self) -> Generator[Any]: ...
+
+def run_sleepers(sleepers: list[Sleeper], /) -> None:
+    """Wake each sleeper of the list that is still asleep, in order, running its task's
+    wake-up at once: called by the loop, as a callback. If a wake-up raises, the sleepers after
+    it go to a new ``call_soon(run_sleepers, rest)`` and the error propagates."""
+
+def in_park_order(batches: list[dict[_K, int]], /) -> list[_K]:
+    """The keys of a list of dicts ``{sleeper: place}``, in the order of their places (one dict
+    is taken as it is: it is in that order already)."""

@@ -1,29 +1,27 @@
 #!/usr/bin/env python3
 """How a parked crowd wakes: percentiles of 10,000 coroutines' wake-ups after their kernels end,
-for busy polling and for aiocudasem with several relays, interleaved.
+for busy polling and for aiocudasem, interleaved.
 
 Each crowd is the benchmark's parked crowd (10,000 coroutines dealt round-robin over 64 streams,
 one 1.5 s kernel each, a full garbage collection once all have started; see ``Bench.many``).
 For aiocudasem it also prints each batch of host-function tokens that the notifier delivered:
-when (ms after the kernels' end), how many, and how long finishing their points took. A relay
-of ``N`` wakes the first N sleepers of a crowd, and the coroutine whose leaving brings those
-still to run down to N/4 wakes all the others (the library's relay, with N = 256); ``all``
-wakes each batch's sleepers at once;
-``256runs`` is the relay of earlier versions, runs of 256, each woken when 64 of
-the run before it are still to run. On the GPU machine:
+when (ms after the kernels' end), how many, and how long finishing their points took. On the
+GPU machine:
 
     bash scripts/device.sh --smoke scripts/crowd-wake.py
 
-or, with the package importable, ``python3 scripts/crowd-wake.py [ROUNDS] [RELAYS]``, for
-example ``python3 scripts/crowd-wake.py 4 256,256runs,all`` (the default);
-``256busy`` is a relay of 256 with the loop's thread kept busy in Python until 1 ms before the
-kernels end, so that a thread that has not slept wakes the crowd; ``256warm`` runs a full
-garbage collection 0.1 s before the end, which reads every object of the crowd; ``256late``
-keeps the loop's thread busy until every host function has run (see ``crowd()``);
-``256nowatch`` runs without the fault watchdog's thread. Each line gives the CPU the loop's
-thread ran on 0.2 s before the end and at the first wake-up, the cost per coroutine of the
-wake-ups, how long a fixed loop of Python arithmetic took before and after (the CPU's speed at
-the time), and the threads that ran meanwhile.
+or, with the package importable, ``python3 scripts/crowd-wake.py [ROUNDS] [VARIANTS]``, for
+example ``python3 scripts/crowd-wake.py 4 lib`` (the default). Variants of the library's crowd,
+comma-separated: ``lib``, as it is; ``busy``, with the loop's thread kept busy in Python until
+1 ms before the kernels end, so that a thread that has not slept wakes the crowd; ``warm``, with
+a full garbage collection 0.1 s before the end, which reads every object of the crowd; ``late``,
+with the loop's thread kept busy until every host function has run (see ``crowd()``);
+``nowatch``, without the fault watchdog's thread. Each line gives the CPU the loop's thread ran
+on 0.2 s before the end and at the first wake-up, the cost per coroutine of the wake-ups, how
+long a fixed loop of Python arithmetic took before and after (the CPU's speed at the time), and
+the threads that ran meanwhile, and the garbage collector's pauses from 50 ms before the end
+to the last wake-up. To compare two versions of the library, see
+``scripts/crowd-ab.py``.
 ``AIOCUDASEM_DRIVER=sim`` for the simulated device, whose host functions need the GIL and so
 arrive later and spread out.
 """
@@ -41,7 +39,7 @@ import aiocudasem as acs
 from aiocudasem._notifier import _loop
 from aiocudasem._workloads import Workloads
 from aiocudasem.cli.bench._approaches import Aiocudasem, Approach, PollSleep0
-from aiocudasem.cli.bench._measure import PARKED_KERNEL_NS
+from aiocudasem.cli.bench._measure import PARKED_KERNEL_NS, GcPauses
 from aiocudasem.testing import workloads
 
 batches: list[tuple[float, int, float]] = []
@@ -136,6 +134,7 @@ async def crowd(
         woke.append(time.perf_counter())
 
     batches.clear()
+    pauses = GcPauses()
     t0 = time.perf_counter()
     for h in hs:
         run.launch_spin(h, PARKED_KERNEL_NS)
@@ -156,9 +155,11 @@ async def crowd(
         await anyio.sleep(max(0.0, end - 0.05 - time.perf_counter()))
         speed = [_calibrate()]
         before = _threads()
+        pauses.__enter__()
         if late:
             while time.perf_counter() < end + 0.02:
                 pass
+    pauses.__exit__()
     after = _threads()
     speed.append(_calibrate())
     woke.sort()
@@ -182,6 +183,8 @@ async def crowd(
         f"\n      {rate:.2f} us per coroutine (p10 to p90); a fixed Python loop took "
         f"{speed[0]:.2f} ms before the end, {speed[1]:.2f} after the wake-ups; threads that ran: "
         + "; ".join(ran)
+        + f"; the collector from 50 ms before the end to the last wake-up: "
+        f"{pauses.all_s * 1e3:.1f} ms, {pauses.full} full ({pauses.full_s * 1e3:.1f} ms)"
     )
     if batches:
         shown = [(round((t - end) * 1e3, 1), n, round(d * 1e3, 2)) for t, n, d in batches[:6]]
@@ -191,41 +194,31 @@ async def crowd(
 
 async def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 4
-    relays = (sys.argv[2] if len(sys.argv) > 2 else "256,256runs,all").split(",")
+    variants = (sys.argv[2] if len(sys.argv) > 2 else "lib").split(",")
+    known = ("lib", "busy", "warm", "late", "nowatch")
+    for v in variants:
+        if v not in known:
+            raise SystemExit(f"unknown variant {v!r}: use {', '.join(known)}")
     drv = acs.get_driver(os.environ.get("AIOCUDASEM_DRIVER") or "cuda")
     run = workloads(drv)
     hs = [drv.stream_create(0, True, 0) for _ in range(64)]
     library, poll = Aiocudasem(drv), PollSleep0(drv)
-    kinds: list[tuple[str, Approach, int, str]] = [("poll", poll, 0, "")]
-    # "256busy", "256warm", "256late": see crowd(); "256nowatch": no fault watchdog thread;
-    # "256runs": the relay of earlier versions
-    for spec in relays:
-        how = next((w for w in ("busy", "warm", "late", "nowatch", "runs") if spec.endswith(w)), "")
-        length = spec.removesuffix(how)
-        name = f"relay {length}" + (f", {how}" if how else "")
-        kinds.append((name, library, 10**9 if length == "all" else int(length), how))
-    default, rest_default = _loop._RELAY, _loop._REST_AT_ONCE
+    kinds: list[tuple[str, Approach, str]] = [("poll", poll, "")]
+    kinds += [("aiocudasem" + ("" if v == "lib" else f", {v}"), library, v) for v in variants]
     print(f"warm-up: {await crowd(run, hs, library, 1000)}", flush=True)
-    try:
-        for r in range(rounds):
-            k = r % len(kinds)
-            for name, ap, relay, how in kinds[k:] + kinds[:k]:
-                _loop._RELAY = relay or default
-                _loop._RELAY_LOW = _loop._RELAY // 4
-                _loop._REST_AT_ONCE = how != "runs"
-                watch = _loop._watchdog.add, _loop._watchdog.remove
-                if how == "nowatch":
-                    _loop._watchdog.add = _loop._watchdog.remove = lambda *a: None  # type: ignore[method-assign]
-                try:
-                    woken = await crowd(
-                        run, hs, ap, busy=how == "busy", warm=how == "warm", late=how == "late"
-                    )
-                finally:
-                    _loop._watchdog.add, _loop._watchdog.remove = watch  # type: ignore[method-assign]
-                print(f"{name:17} {woken}", flush=True)
-    finally:
-        _loop._RELAY, _loop._RELAY_LOW = default, default // 4
-        _loop._REST_AT_ONCE = rest_default
+    for r in range(rounds):
+        k = r % len(kinds)
+        for name, ap, how in kinds[k:] + kinds[:k]:
+            watch = _loop._watchdog.add, _loop._watchdog.remove
+            if how == "nowatch":
+                _loop._watchdog.add = _loop._watchdog.remove = lambda *a: None  # type: ignore[method-assign]
+            try:
+                woken = await crowd(
+                    run, hs, ap, busy=how == "busy", warm=how == "warm", late=how == "late"
+                )
+            finally:
+                _loop._watchdog.add, _loop._watchdog.remove = watch  # type: ignore[method-assign]
+            print(f"{name:20} {woken}", flush=True)
 
 
 if __name__ == "__main__":

@@ -846,3 +846,243 @@ def test_checkpoint_query_turns_a_stop_iteration_of_the_query_into_runtime_error
 
     with pytest.raises(RuntimeError):
         asyncio.run(main())
+
+
+# ------------------------------------------------------------------ the asyncio sleeper
+
+
+def _loops() -> list[Any]:
+    import uvloop
+
+    return [asyncio.new_event_loop, uvloop.new_event_loop]
+
+
+def _run(main: Any, new_loop: Any) -> Any:
+    loop = new_loop()
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("new_loop", _loops(), ids=["asyncio", "uvloop"])
+def test_a_sleeper_is_a_future_of_its_loop_for_the_task_that_awaits_it(new_loop: Any) -> None:
+    """Awaited by a task, a sleeper suspends it until set_result(); the task resumes in its own
+    context; woken first, an await returns at once; result() and exception() say what a future
+    would."""
+    cvar: contextvars.ContextVar[str] = contextvars.ContextVar("cvar", default="unset")
+
+    async def main() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        s = _hotpath.Sleeper(loop)
+        assert asyncio.isfuture(s) and s.get_loop() is loop
+        assert not s.done() and not s.cancelled()
+        with pytest.raises(asyncio.InvalidStateError):
+            s.result()
+        seen: list[Any] = []
+
+        async def sleep() -> None:
+            cvar.set("task")
+            seen.append(await s)
+            seen.append(cvar.get())
+
+        task = asyncio.create_task(sleep())
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert not seen and not task.done()
+        s.set_result(None)
+        with pytest.raises(asyncio.InvalidStateError):
+            s.set_result(None)
+        await task
+        assert s.done() and s.result() is None and s.exception() is None
+        assert cvar.get() == "unset"
+        woken = _hotpath.Sleeper(loop)
+        woken.set_result(None)
+        seen.append(await woken)
+        return seen
+
+    assert _run(main, new_loop) == [None, "task", None]
+
+
+@pytest.mark.parametrize("new_loop", _loops(), ids=["asyncio", "uvloop"])
+def test_a_task_parked_on_a_sleeper_is_cancelled_as_on_a_future(new_loop: Any) -> None:
+    """Task.cancel(), asyncio.wait_for() and asyncio.timeout() cancel the sleeper, which is then
+    done; a sleeper cancelled before it is awaited raises CancelledError at the await, with
+    cancel()'s message."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        s = _hotpath.Sleeper(loop)
+
+        async def sleep() -> None:
+            await s
+
+        task = asyncio.create_task(sleep())
+        await asyncio.sleep(0)
+        task.cancel("stop")
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert s.cancelled() and s.done() and not s.cancel()
+        s = _hotpath.Sleeper(loop)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(s, 0.01)
+        assert s.cancelled()
+        s = _hotpath.Sleeper(loop)
+        assert s.cancel("why") and not s.cancel()
+        with pytest.raises(asyncio.CancelledError, match="why"):
+            await s
+        with pytest.raises(asyncio.CancelledError):
+            s.exception()
+
+    _run(main, new_loop)
+
+
+def test_a_sleeper_keeps_the_callback_contract_of_a_future() -> None:
+    """Callbacks run once, through call_soon(), in the context given (or a copy of the
+    current one); one added after the sleeper is done is scheduled at once; removing counts;
+    bad arguments raise TypeError or ValueError."""
+    cvar: contextvars.ContextVar[str] = contextvars.ContextVar("cvar", default="unset")
+
+    async def main() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        calls: list[Any] = []
+        s = _hotpath.Sleeper(loop)
+        ctx = contextvars.copy_context()
+        ctx.run(cvar.set, "given")
+        s.add_done_callback(lambda f: calls.append(("given", f is s, cvar.get())), context=ctx)
+        cvar.set("copied")
+        s.add_done_callback(lambda f: calls.append(("copied", cvar.get())))
+
+        def removed(_f: object) -> None:
+            calls.append("removed")
+
+        s.add_done_callback(removed)
+        s.add_done_callback(removed)
+        assert s.remove_done_callback(removed) == 2
+        assert s.remove_done_callback(removed) == 0
+        s.set_result(None)
+        assert calls == []  # scheduled, not run
+        await asyncio.sleep(0)
+        s.add_done_callback(lambda f: calls.append("late"))
+        await asyncio.sleep(0)
+        with pytest.raises(TypeError):
+            s.add_done_callback(removed, context=object())
+        with pytest.raises(ValueError):
+            s._asyncio_future_blocking = 1
+        with pytest.raises(TypeError):
+            _hotpath.Sleeper()  # type: ignore[call-arg]
+        return calls
+
+    assert _run(main, asyncio.new_event_loop) == [
+        ("given", True, "given"),
+        ("copied", "copied"),
+        "late",
+    ]
+
+
+@pytest.mark.parametrize("new_loop", _loops(), ids=["asyncio", "uvloop"])
+def test_run_sleepers_runs_each_task_in_order_inside_one_callback(new_loop: Any) -> None:
+    """run_sleepers() resumes each task parked on a sleeper of its list, in the list's order,
+    before it returns; it skips sleepers that are done (cancelled, or woken otherwise)."""
+
+    async def main() -> tuple[list[int], list[bool], list[int]]:
+        loop = asyncio.get_running_loop()
+        sleepers = [_hotpath.Sleeper(loop) for _ in range(6)]
+        order: list[int] = []
+        inside: list[bool] = []
+        running = False
+
+        async def sleep(i: int) -> None:
+            await sleepers[i]
+            order.append(i)
+            inside.append(running)
+
+        tasks = [asyncio.create_task(sleep(i)) for i in range(6)]
+        await asyncio.sleep(0)
+        tasks[4].cancel()
+        sleepers[2].set_result(None)  # woken otherwise: through call_soon()
+
+        def run(ss: list[_hotpath.Sleeper]) -> None:
+            nonlocal running
+            running = True
+            try:
+                _hotpath.run_sleepers(ss)
+            finally:
+                running = False
+
+        loop.call_soon(run, [sleepers[i] for i in (5, 3, 4, 2, 1, 0)])
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        return order, inside, [i for i, d in enumerate(done) if d is not None]
+
+    order, inside, failed = _run(main, new_loop)
+    assert order[0] == 2 and not inside[0]  # its call_soon() came first
+    assert order[1:] == [5, 3, 1, 0] and all(inside[1:])
+    assert failed == [4]
+
+
+def test_run_sleepers_hands_on_the_rest_when_a_wake_up_raises() -> None:
+    """A wake-up that raises propagates out of run_sleepers(), after the sleepers after it are
+    handed to a new call of the loop: none is lost. Bad input raises TypeError."""
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        calls: list[str] = []
+        sleepers = [_hotpath.Sleeper(loop) for _ in range(3)]
+        sleepers[0].add_done_callback(lambda f: calls.append("first"))
+
+        def boom(_f: object) -> None:
+            calls.append("boom")
+            raise KeyError("boom")
+
+        sleepers[1].add_done_callback(boom)
+        sleepers[2].add_done_callback(lambda f: calls.append("third"))
+        with pytest.raises(KeyError):
+            _hotpath.run_sleepers(sleepers)
+        assert calls == ["first", "boom"]
+        assert sleepers[1].done() and not sleepers[2].done()  # handed on, not lost
+        await asyncio.sleep(0)
+        assert sleepers[2].done()
+        with pytest.raises(TypeError):
+            _hotpath.run_sleepers((sleepers[0],))  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            _hotpath.run_sleepers([object()])  # type: ignore[list-item]
+        return calls
+
+    assert _run(main, asyncio.new_event_loop) == ["first", "boom", "third"]
+
+
+def test_in_park_order_merges_the_batches_of_a_crowd_by_place() -> None:
+    a, b, c, d, e = (object() for _ in range(5))
+    assert _hotpath.in_park_order([{a: 4, c: 9}, {b: 0, d: 5}, {e: 7}]) == [b, a, d, e, c]
+    assert _hotpath.in_park_order([{c: 9, a: 4}]) == [c, a]  # one batch: as it is
+    assert _hotpath.in_park_order([]) == []
+    with pytest.raises(TypeError):
+        _hotpath.in_park_order([{a: 1}, {b: "2"}])  # type: ignore[dict-item]
+    with pytest.raises(TypeError):
+        _hotpath.in_park_order([[a]])  # type: ignore[list-item]
+
+
+def test_sleepers_keep_reference_counts_and_are_collected_in_a_cycle() -> None:
+    """A sleeper whose callback refers back to it is collected; run_sleepers() leaves no
+    reference behind."""
+    import sys
+
+    loop = asyncio.new_event_loop()
+    try:
+        s = _hotpath.Sleeper(loop)
+        s.add_done_callback(lambda f, s=s: None)  # a cycle through the callback's default
+        before = sys.getrefcount(s)
+        ss = [s]
+        _hotpath.run_sleepers(ss)
+        del ss
+        assert sys.getrefcount(s) == before - 1  # the callback, dropped once run
+        holder = [_hotpath.Sleeper(loop) for _ in range(3)]
+        for h in holder:
+            h.add_done_callback(lambda f, h=h: None)
+        gc.collect()
+        n = sum(isinstance(o, _hotpath.Sleeper) for o in gc.get_objects())
+        del holder, h, s
+        gc.collect()
+        assert sum(isinstance(o, _hotpath.Sleeper) for o in gc.get_objects()) <= n - 4
+    finally:
+        loop.close()

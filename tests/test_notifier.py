@@ -657,18 +657,9 @@ async def test_with_spinning_on_a_crowd_makes_a_point_per_spinner_at_most(sim: S
         assert statistics().chained == 0
 
 
-@pytest.mark.parametrize("rest_at_once", [True, False], ids=["relay", "runs"])
-async def test_a_crowd_larger_than_a_relay_run_all_wakes(
-    sim: SimDriver, parked: None, rest_at_once: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A finished crowd is woken first ``_RELAY`` sleepers, then the rest (or, in the relay
-    of earlier versions that scripts/crowd-wake.py compares, in runs of ``_RELAY``): every
-    coroutine of a crowd several runs long over several streams wakes, and the relay is empty
-    and settled afterwards."""
-    from aiocudasem._notifier import _loop, current_notifier
-
-    monkeypatch.setattr(_loop, "_REST_AT_ONCE", rest_at_once)
-    n = 3 * _loop._RELAY + 17
+async def test_a_large_crowd_over_several_streams_all_wakes(sim: SimDriver, parked: None) -> None:
+    """Every coroutine of a crowd of hundreds over two streams wakes, and none stays parked."""
+    n = 785
     woke = 0
 
     async def one(s: acs.Stream) -> None:
@@ -688,115 +679,77 @@ async def test_a_crowd_larger_than_a_relay_run_all_wakes(
             with anyio.fail_after(10):
                 while woke < n:
                     await anyio.sleep(0.001)
-        notifier = current_notifier()
-        assert not notifier._relaying
-        assert notifier._relayed == 0
         assert statistics().parked == 0
 
 
-async def test_a_woken_crowd_after_its_first_run_is_woken_all_at_once(
-    sim: SimDriver, parked: None
+async def test_on_asyncio_a_finished_crowd_resumes_inside_one_callback_of_the_loop(
+    sim: SimDriver, parked: None, anyio_backend_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Only the first ``_RELAY`` sleepers of a finished crowd are woken by the drainer; the
-    coroutine whose leaving brings those still to run down to ``_RELAY_LOW`` wakes all the
-    others at once, so that the rest of the crowd is queued to resume before the callbacks of
-    all but the first run's tasks (a task group's)."""
-    from aiocudasem._notifier import _loop, current_notifier
+    """On asyncio the sleepers of a batch of finished points are woken by one callback of the
+    loop, which resumes their coroutines in turn, in the order in which they parked: each wait
+    returns while that callback runs. Elsewhere each sleeper is woken in turn."""
+    from aiocudasem._notifier import _sleepers
 
-    notifier = current_notifier()
-    n = 3 * _loop._RELAY + 17
-    first_run: list[int] = []
-    in_relay: list[int] = []  # at each return from the wait
-    complete = notifier._complete
+    if anyio_backend_name != "asyncio":
+        pytest.skip("asyncio's sleepers")
+    calls: list[int] = []
+    running = False
+    real = _sleepers.run_sleepers
 
-    def complete_and_look(tokens: list[int]) -> None:
-        complete(tokens)
-        first_run.append(notifier._relayed)  # woken by the drainer and still to run
+    def recording(sleepers: list[Sleeper]) -> None:
+        nonlocal running
+        calls.append(len(sleepers))
+        running = True
+        try:
+            real(sleepers)  # type: ignore[arg-type]
+        finally:
+            running = False
 
-    async def one(s: acs.Stream) -> None:
+    monkeypatch.setattr(_sleepers, "run_sleepers", recording)
+    n = 300
+    returned: list[tuple[int, bool]] = []
+
+    async def one(i: int, s: acs.Stream) -> None:
         await s.wait_complete()
-        in_relay.append(len(notifier._relaying))
+        returned.append((i, running))
 
     async with acs.open_stream(driver=sim) as s:
         gate = hold(s)
         async with anyio.create_task_group() as tg:
-            for _ in range(n):
-                tg.start_soon(one, s)
+            for i in range(n):
+                tg.start_soon(one, i, s)
             await anyio.wait_all_tasks_blocked()
             assert statistics().parked == n
-            notifier._complete = complete_and_look  # type: ignore[method-assign]
-            try:
-                gate.set()
-                with anyio.fail_after(10):
-                    while len(in_relay) < n:
-                        await anyio.sleep(0.001)
-            finally:
-                del notifier._complete
-    assert first_run == [_loop._RELAY]  # one batch: its first run only
-    # The first run returns with the rest still in the relay, until the one that leaves
-    # _RELAY_LOW of it to run: it wakes all the others before it returns, and nobody waits in
-    # the relay any more.
-    rest = n - _loop._RELAY
-    assert in_relay[0] == rest
-    assert set(in_relay) == {rest, 0}
-    assert in_relay.count(rest) == _loop._RELAY - _loop._RELAY_LOW - 1
-    assert notifier._relayed == 0
-    assert not notifier._relaying
+            gate.set()
+    assert calls == [n]  # one batch: the drainer's sleeper is woken with the others
+    # The drainer returns from its own step, not from the callback; all others inside it, in
+    # the order they parked.
+    inside = [i for i, r in returned if r]
+    assert len(inside) == n - 1
+    assert inside == sorted(inside)
 
 
-async def test_a_batch_that_comes_while_a_crowd_is_woken_gets_a_first_run_of_its_own() -> None:
-    """A batch of finished points that comes while coroutines woken by the relay are still to
-    run is not woken all at once: it gets a first run of ``_RELAY``, and the rest waits for a
-    coroutine to leave."""
-    from aiocudasem._notifier import _loop, current_notifier
-
-    notifier = current_notifier()
-
-    class Recording:
-        def __init__(self) -> None:
-            self.set = False
-
-        def done(self) -> bool:
-            return self.set
-
-        def set_result(self, _result: None) -> None:
-            self.set = True
-
-    sleepers = [Recording() for _ in range(3 * _loop._RELAY)]
-    notifier._relayed = 10  # an earlier crowd's last coroutines, still to run
-    try:
-        notifier._relay_batch([{s: i for i, s in enumerate(sleepers)}])  # type: ignore[dict-item]
-        assert sum(s.set for s in sleepers) == _loop._RELAY
-        assert len(notifier._relaying) == 2 * _loop._RELAY
-        notifier._relay(rest=True)  # as the leave that brings them down to _RELAY_LOW does
-        assert all(s.set for s in sleepers)
-    finally:
-        notifier._relaying.clear()
-        notifier._relayed = 0  # nobody will run for these
-
-
-async def test_cancelling_part_of_a_relayed_crowd_loses_no_wake_up(
-    sim: SimDriver, parked: None
+async def test_cancelling_part_of_a_woken_crowd_loses_no_wake_up(
+    sim: SimDriver, parked: None, anyio_backend_name: str
 ) -> None:
-    """Coroutines cancelled while their crowd is being relayed leave, and the relay goes on
-    past them to the others. The cancellations come as soon as the drainer has woken the
-    crowd's first run, while the rest waits in the relay."""
-    from aiocudasem._notifier import _loop, current_notifier
+    """Coroutines cancelled after their crowd's points finished, before the crowd resumes,
+    leave; all the others wake. On asyncio, the cancellations come before the loop's
+    callback that resumes the crowd, and every one of them is caught."""
+    from aiocudasem._notifier import current_notifier
 
     notifier = current_notifier()
-    n = 4 * _loop._RELAY
+    n = 600
     scopes: list[anyio.CancelScope] = []
     woke = cancelled = 0
     complete = notifier._complete
+    batches = 0
 
     def complete_then_cancel(tokens: list[int]) -> None:
+        nonlocal batches
         complete(tokens)
-        waiting = len(notifier._relaying)
-        for sc in scopes[::3]:  # every third, most of them still in the relay
+        batches += 1
+        for sc in scopes[::3]:
             sc.cancel()
-        in_relay.append(waiting)
-
-    in_relay: list[int] = []
 
     async def one(s: acs.Stream, scope: anyio.CancelScope) -> None:
         nonlocal woke, cancelled
@@ -821,24 +774,24 @@ async def test_cancelling_part_of_a_relayed_crowd_loses_no_wake_up(
                         await anyio.sleep(0.001)
             finally:
                 del notifier._complete
-        assert in_relay == [n - _loop._RELAY]
-        assert cancelled >= n // 8  # most of every third: those not in the first run
+        assert batches == 1
         assert woke + cancelled == n
-        assert not notifier._relaying
-        assert notifier._relayed == 0
+        if anyio_backend_name == "asyncio":
+            # The drainer's scope, the first, may be cancelled after its wait returned.
+            assert len(scopes[::3]) - 1 <= cancelled <= len(scopes[::3])
+        assert statistics().parked == 0
 
 
-async def test_a_drainer_that_parked_late_leaves_the_relay_settled(
+async def test_a_drainer_that_parked_late_in_its_crowd_leaves_it_all_woken(
     sim: SimDriver, parked: None
 ) -> None:
-    """A drainer whose sleeper comes late in its crowd's relay leaves before the relay
-    reaches it: the whole crowd still wakes, and the relay ends empty, with nobody counted as
-    woken and still to run (too many of those, and it would stop waking anyone)."""
-    from aiocudasem._notifier import _loop, current_notifier
+    """A drainer whose sleeper comes late in its crowd leaves before the crowd reaches it:
+    the whole crowd still wakes."""
+    from aiocudasem._notifier import current_notifier
 
     notifier = current_notifier()
     sentinel: Any = object()  # stands for an heir woken already: no other is woken
-    n = 2 * _loop._RELAY
+    n = 512
     async with acs.open_stream(driver=sim) as a, acs.open_stream(driver=sim) as b:
         for _ in range(3):
             gate_a, gate_b = hold(a), hold(b)
@@ -860,35 +813,36 @@ async def test_a_drainer_that_parked_late_leaves_the_relay_settled(
                 assert notifier._draining
                 notifier._heir = None
                 gate_b.set()
-            assert notifier._relayed == 0
-            assert not notifier._relaying
+            assert statistics().parked == 0
 
 
-async def test_a_batch_of_finished_points_wakes_its_sleepers_in_the_order_they_parked() -> None:
-    """Sleepers of several points finished together are woken in the order of parking, not
-    point by point."""
+async def test_a_batch_of_finished_points_wakes_its_sleepers_in_the_order_they_parked(
+    sim: SimDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sleepers of several points finished by one delivery of completions are woken in the
+    order of parking, not point by point, and in one crowd."""
+    from aiocudasem._hotpath import History
     from aiocudasem._notifier import current_notifier
+    from aiocudasem._notifier._points import Point
 
     notifier = current_notifier()
-    woken: list[int] = []
+    woken: list[list[int]] = []
 
     class Recording:
         def __init__(self, i: int) -> None:
-            self.i, self.set = i, False
+            self.i = i
 
-        def done(self) -> bool:
-            return self.set
-
-        def set_result(self, _result: None) -> None:
-            self.set = True
-            woken.append(self.i)
-
+    monkeypatch.setattr(notifier, "_wake_crowd", lambda ss: woken.append([s.i for s in ss]))
     sleepers = [Recording(i) for i in range(9)]
-    first = {s: s.i for s in sleepers if s.i % 3 == 0}
-    second = {s: s.i for s in sleepers if s.i % 3 != 0}
-    notifier._relay_batch([first, second])  # type: ignore[list-item]
-    assert woken == list(range(9))
-    notifier._relayed = 0  # nobody will run for these
+    points = [Point(sim, 0, 1000 + k, 0, None, History()) for k in range(3)]
+    tokens = [10**9 + k for k in range(3)]
+    for k, (p, t) in enumerate(zip(points, tokens, strict=True)):
+        p.sleepers = {s: s.i for s in sleepers if s.i % 3 == k}  # type: ignore[misc]
+        p.token = t
+        notifier._armed[t] = p
+    notifier._complete(tokens)
+    assert woken == [list(range(9))]
+    assert all(p.done and not p.sleepers for p in points)
 
 
 async def test_a_leaving_coroutine_delivers_completions_while_the_drainer_waits_for_its_fd(

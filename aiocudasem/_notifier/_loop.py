@@ -5,14 +5,12 @@ closes a notifier when its loop ends."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
-import operator
 import os
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -30,10 +28,11 @@ except ImportError:  # pragma: no cover - the test environment has trio, hence s
 
 from .. import _hotpath, _log, _notify, _release
 from .._errors import AiocudasemError, DeviceFaultError
+from .._hotpath import in_park_order
 from . import _tuning
 from ._points import History, Point
 from ._pools import destroy_stream, event_pool, give_back, host_wait_streams, record_pooled
-from ._sleepers import sleeper_factory
+from ._sleepers import crowd_waker, sleeper_factory, wake
 from ._wake import STRATEGIES as _STRATEGIES
 from ._watchdog import _watchdog
 
@@ -64,6 +63,8 @@ class Notifier:
         self.bare_yield = self.checkpoint is _notify.yield_once
         #: Makes the sleeper of one parked coroutine, native to the loop (see _sleepers).
         self._new_sleeper = sleeper_factory(library, backend, token)
+        #: Wakes the sleepers of a list, in order, skipping those done (see _sleepers).
+        self._wake_crowd = crowd_waker(library, token)
         self._c = _notify.Notifier()
         self._fd = self._c.fileno()
         self._tokens = itertools.count(1)
@@ -80,13 +81,9 @@ class Notifier:
         self._sleeping: dict[Point, int] = {}
         self._asleep = 0  # coroutines inside _park(), the drainer included
         self._park_order = itertools.count()  # each sleeper's place in the order of parking
-        # While _complete() runs: the sleepers of the points it finished, woken at its end
-        # (see _relay_batch()).
+        # While _complete() runs: the sleepers of the points it finished, woken at its end,
+        # in the order in which they parked (see _complete()).
         self._waking: list[dict[Sleeper, int]] | None = None
-        # Sleepers of finished points still to wake, in the order in which they parked, and
-        # how many of those woken have not left _park() yet (see _relay_batch()).
-        self._relaying: collections.deque[Sleeper] = collections.deque()
-        self._relayed = 0
         self._draining = False
         self._drain_point: Point | None = None
         self._drain_scope: anyio.CancelScope | None = None
@@ -154,10 +151,8 @@ class Notifier:
         self._heads.clear()
         try:
             for p in self._sleeping:  # a coroutine still parked (the loop is going away) sees
-                _wake(p.sleepers)  # `closed`
-            _wake(self._relaying)
+                wake(p.sleepers)  # `closed`
         finally:
-            self._relaying.clear()
             self._sleeping.clear()
             if self._drain_scope is not None:
                 self._drain_scope.cancel()
@@ -332,7 +327,7 @@ class Notifier:
             if self._waking is not None:
                 self._waking.append(sleepers)
             else:
-                _wake(sleepers)
+                wake(sleepers)
         if point is self._drain_point and self._drain_scope is not None:
             # The drainer sleeps on the fd, not on its sleeper: wake it so that it can leave.
             self._drain_scope.cancel()
@@ -507,14 +502,14 @@ class Notifier:
                         if self._heir is sleeper:
                             self._heir = None
             finally:
-                # The coroutine leaves: settle its accounts, keep a woken crowd's relay going,
-                # deliver what is queued and hand the drainer role on.
+                # The coroutine leaves: settle its accounts, deliver what is queued and hand
+                # the drainer role on.
                 self._asleep -= 1
                 if self._heir is sleeper:
                     self._heir = None
                 if not sleeper.done():
-                    # Left without being woken (the drainer, or a wait that failed): a relay
-                    # that reaches it skips it, rather than spend a place of its run on it.
+                    # Left without being woken (the drainer, or a wait that failed): whoever
+                    # wakes its point's crowd skips it.
                     sleeper.cancel()
                 if not point.done:
                     sleepers.pop(sleeper, None)
@@ -526,12 +521,6 @@ class Notifier:
                     else:
                         del sleeping[point]
                         self._unwatch(point)
-                if self._relayed:  # a woken crowd's relay (see _relay_batch()), counted
-                    # loosely: a coroutine woken otherwise counts too, which only wakes the
-                    # others sooner
-                    self._relayed -= 1
-                    if self._relaying and self._relayed <= _RELAY_LOW:
-                        self._relay(rest=_REST_AT_ONCE)
                 if not self.closed:
                     # Deliver what is queued before leaving. Nobody may be draining right now:
                     # this coroutine may have been cancelled before it drained, and the next
@@ -611,51 +600,12 @@ class Notifier:
         finally:
             self._waking = None
             if waking:
-                self._relay_batch(waking)
-
-    def _relay_batch(self, batches: list[dict[Sleeper, int]]) -> None:
-        """Wake the sleepers of the points that one batch of completions finished: in the
-        order in which they parked, and as a relay.
-
-        The order is the one the loop then resumes them in, and a crowd's coroutines were
-        mostly created, and so laid out in memory, in that order too. Point by point, a crowd
-        of 10,000 coroutines dealt round-robin over 64 streams resumes in strides of 64 through
-        memory, and each resume costs up to twice as much (measured on a development
-        machine).
-
-        The relay: the first ``_RELAY`` sleepers of a crowd are woken at once, so that the
-        first of them resume as soon as the loop runs, not after the drainer has woken all
-        10,000 (11-18 ms on an H200 host); the coroutine whose leaving brings those still to run
-        down to ``_RELAY_LOW`` then wakes all the others (``_park()``). The rest of the crowd is
-        thus queued to resume before the callbacks of all but the first run's tasks: a task's
-        end schedules its own callbacks (a task group's bookkeeping), and in runs of 256, each
-        run queued behind the callbacks of the run before it, every coroutine waited for those
-        of all the coroutines before it, which busy polling, whose crowd ends in one pass, runs
-        only after its last coroutine (see docs/performance.md). A batch that comes while
-        more than ``_RELAY_LOW`` woken coroutines are still to run waits in the relay and is
-        woken with the rest of the crowd before it; one that comes later gets a first run of
-        its own."""
-        if len(batches) == 1:
-            order: Iterable[Sleeper] = batches[0]
-        else:
-            merged = itertools.chain.from_iterable(b.items() for b in batches)
-            order = [s for s, _ in sorted(merged, key=_second)]
-        self._relaying.extend(order)
-        if self._relayed <= _RELAY_LOW:
-            self._relay()
-
-    def _relay(self, rest: bool = False) -> None:
-        """Wake sleepers waiting in the relay (those cancelled meanwhile are skipped): the
-        next ``_RELAY``, or with ``rest`` all of them."""
-        relaying = self._relaying
-        n = len(relaying) if rest else _RELAY
-        woken = 0
-        while woken < n and relaying:
-            s = relaying.popleft()
-            if not s.done():
-                s.set_result(None)
-                woken += 1
-        self._relayed += woken
+                # In the order in which they parked: the order the loop then resumes them in,
+                # and a crowd's coroutines were mostly created, and so laid out in memory, in
+                # that order too. Point by point, a crowd of 10,000 coroutines dealt
+                # round-robin over 64 streams resumes in strides of 64 through memory, and
+                # each resume costs up to twice as much (measured on a development machine).
+                self._wake_crowd(in_park_order(waking))
 
     def _watch(self, point: Point) -> None:
         key = (point.driver, point.device)
@@ -709,23 +659,6 @@ def _busy_elsewhere() -> anyio.BusyResourceError:
         "loop at a time",
     )
     return exc
-
-
-def _wake(sleepers: Iterable[Sleeper]) -> None:
-    for s in sleepers:
-        if not s.done():  # not cancelled, nor woken as the drainer's heir
-            s.set_result(None)
-
-
-_second = operator.itemgetter(1)
-
-#: How many sleepers of a finished crowd are woken first, and how many of those are still
-#: to run when all the others are woken (see Notifier._relay_batch()).
-_RELAY = 256
-_RELAY_LOW = _RELAY // 4
-#: ``False``: the relay of earlier versions, kept for ``scripts/crowd-wake.py`` to compare:
-#: runs of ``_RELAY``, each woken once ``_RELAY_LOW`` of the runs before are still to run.
-_REST_AT_ONCE = True
 
 
 async def _lifetime(ref: weakref.ref[Notifier]) -> AsyncGenerator[None, None]:
