@@ -4,8 +4,8 @@
  * of Stream.wait_complete() with its bookkeeping. In Python they cost more than the rest of an
  * await of finished work put together (see docs/architecture.md, "The hot path in C"); here
  * they are a few field reads, one call of the loop's own lookup and one of the driver's query.
- * And, on asyncio, the sleeper that a parked coroutine awaits, with the function that wakes a
- * finished crowd of them from one callback of the loop (see "Waking a crowd" there).
+ * And, on asyncio, the two steps that wake a finished crowd of parked tasks with one callback
+ * of the loop (see "Waking a crowd" there).
  *
  * Nothing here blocks; the only driver call is the query that Python hands over. Every object
  * is an ordinary Python object: the logic is the one the Python modules describe
@@ -857,401 +857,210 @@ static PyObject *get_spin_limit(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED
     return PyFloat_FromDouble(spin_limit);
 }
 
-/* ------------------------------------------------------------------ Sleeper (asyncio) */
+/* ------------------------------------------------------------------ waking a crowd (asyncio) */
 
-/* The sleeper of one coroutine parked on asyncio (or uvloop): what _notifier/_sleepers.py
- * describes, as a future of the loop for the Task that awaits it (asyncio's future protocol:
- * `_asyncio_future_blocking`, get_loop(), add_done_callback(), result(), cancel()). Woken
- * one at a time, by set_result() or cancel(), it schedules its task's wake-up with the loop's
- * call_soon(), as a future does. A crowd is woken by run_sleepers() instead, from one callback
- * of the loop: it runs each task's wake-up in turn, in that callback, so that waking a crowd
- * costs no handle of the loop per coroutine, and nothing before its first coroutine resumes.
- * The task's wake-up only ever runs from the loop's callbacks, with no task running, as the
- * loop runs it. */
+/* A parked task on asyncio (or uvloop) sleeps on a future of the loop. set_result() on a future
+ * marks it done and schedules each of its done callbacks (the task's wake-up) with the loop's
+ * call_soon(): a handle of the loop per task, made now and run later. A crowd of 10,000 futures
+ * is woken instead in two steps. wake_futures() marks each done at once, as set_result() does,
+ * but takes its callbacks off first, so that nothing is scheduled; run_callbacks(), one callback
+ * of the loop, then runs those callbacks in turn, each in its context, as the loop would have.
+ * The futures are the loop's own, so everything that looks at a task's future (anyio's cancel
+ * scopes, wait_all_tasks_blocked(), Task.cancel()) sees what it would see after set_result().
+ *
+ * A future's callbacks are read from its `_callbacks` attribute: (callback, context) pairs, in
+ * both asyncio's C and Python futures since Python 3.7. A future without it, or with anything
+ * else there, is woken with plain set_result(). */
 
-enum { SLEEPING = 0, WOKEN = 1, CANCELLED = 2 };
+static PyObject *str_call_soon, *str_callbacks, *str_remove_done_callback, *str_set_result,
+    *str_done, *str_get_loop, *context_kwnames, *run_callbacks_fn;
 
-typedef struct {
-    PyObject_HEAD
-    PyObject *loop;
-    PyObject *callback; /* the task's wake-up, or NULL */
-    PyObject *context;  /* the context it runs in */
-    PyObject *more;     /* further (callback, context) pairs, or NULL: nobody in the library */
-    PyObject *cancel_msg;
-    char state;
-    char blocking; /* _asyncio_future_blocking */
-} SleeperObject;
-
-static PyTypeObject SleeperType;
-static PyObject *str_call_soon, *context_kwnames, *run_sleepers_fn;
-static PyObject *cancelled_error, *invalid_state_error; /* asyncio's, imported on first use */
-
-static int asyncio_errors(void) {
-    if (cancelled_error != NULL) return 0;
-    PyObject *m = PyImport_ImportModule("asyncio.exceptions");
-    if (m == NULL) return -1;
-    invalid_state_error = PyObject_GetAttrString(m, "InvalidStateError");
-    if (invalid_state_error != NULL) cancelled_error = PyObject_GetAttrString(m, "CancelledError");
-    Py_DECREF(m);
-    if (cancelled_error == NULL) {
-        Py_CLEAR(invalid_state_error);
-        return -1;
-    }
+/* getattr(o, name, None) without the exception: 1 and a new reference, 0 and NULL if there
+ * is no such attribute, -1 on another error. */
+static int optional_attr(PyObject *o, PyObject *name, PyObject **res) {
+#if PY_VERSION_HEX >= 0x030D0000
+    return PyObject_GetOptionalAttr(o, name, res);
+#else
+    *res = PyObject_GetAttr(o, name);
+    if (*res != NULL) return 1;
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+    PyErr_Clear();
     return 0;
+#endif
 }
 
-static PyObject *Sleeper_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *loop;
-    static char *kwlist[] = {"loop", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:Sleeper", kwlist, &loop)) return NULL;
-    SleeperObject *s = (SleeperObject *)type->tp_alloc(type, 0);
-    if (s == NULL) return NULL;
-    s->loop = Py_NewRef(loop);
-    s->state = SLEEPING;
-    return (PyObject *)s;
-}
-
-static int Sleeper_traverse(SleeperObject *s, visitproc visit, void *arg) {
-    Py_VISIT(s->loop);
-    Py_VISIT(s->callback);
-    Py_VISIT(s->context);
-    Py_VISIT(s->more);
-    Py_VISIT(s->cancel_msg);
-    return 0;
-}
-
-static int Sleeper_clear(SleeperObject *s) {
-    Py_CLEAR(s->loop);
-    Py_CLEAR(s->callback);
-    Py_CLEAR(s->context);
-    Py_CLEAR(s->more);
-    Py_CLEAR(s->cancel_msg);
-    return 0;
-}
-
-static void Sleeper_dealloc(SleeperObject *s) {
-    PyObject_GC_UnTrack(s);
-    Sleeper_clear(s);
-    Py_TYPE(s)->tp_free((PyObject *)s);
-}
-
-/* loop.call_soon(callback, s, context=context) */
-static int call_soon(SleeperObject *s, PyObject *callback, PyObject *context) {
-    if (s->loop == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "the sleeper was cleared");
-        return -1;
-    }
-    PyObject *meth = PyObject_GetAttr(s->loop, str_call_soon);
+/* fut.get_loop().call_soon(callback, fut, context=context) */
+static int call_soon_on(PyObject *fut, PyObject *callback, PyObject *context) {
+    PyObject *loop = PyObject_CallMethodNoArgs(fut, str_get_loop);
+    if (loop == NULL) return -1;
+    PyObject *meth = PyObject_GetAttr(loop, str_call_soon);
+    Py_DECREF(loop);
     if (meth == NULL) return -1;
-    PyObject *args[3] = {callback, (PyObject *)s, context};
+    PyObject *args[3] = {callback, fut, context};
     PyObject *r = PyObject_Vectorcall(meth, args, 2, context_kwnames);
     Py_DECREF(meth);
     Py_XDECREF(r);
     return r == NULL ? -1 : 0;
 }
 
-/* Move the callbacks out and schedule each with call_soon(): the done callbacks of a
- * future. On an error, those not scheduled yet are dropped, as the error says. */
-static int schedule_callbacks(SleeperObject *s) {
-    PyObject *callback = s->callback, *context = s->context, *more = s->more;
-    s->callback = s->context = s->more = NULL;
-    int rc = 0;
-    if (callback != NULL) rc = call_soon(s, callback, context);
-    Py_XDECREF(callback);
-    Py_XDECREF(context);
-    if (more != NULL) {
-        for (Py_ssize_t i = 0; rc == 0 && i < PyList_GET_SIZE(more); i++) {
-            PyObject *pair = PyList_GET_ITEM(more, i);
-            rc = call_soon(s, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1));
-        }
-        Py_DECREF(more);
+/* The (callback, context) pairs of `fut`, as a new list of its own, or NULL with no error set
+ * if they cannot be read that way. */
+static PyObject *callbacks_of(PyObject *fut) {
+    PyObject *cbs;
+    if (optional_attr(fut, str_callbacks, &cbs) < 0) return NULL;
+    if (cbs == NULL || cbs == Py_None) {
+        int none = cbs == Py_None;
+        Py_XDECREF(cbs);
+        return none ? PyList_New(0) : NULL;
     }
-    return rc;
-}
-
-static PyObject *Sleeper_done(SleeperObject *s, PyObject *Py_UNUSED(ignored)) {
-    return PyBool_FromLong(s->state != SLEEPING);
-}
-
-static PyObject *Sleeper_cancelled(SleeperObject *s, PyObject *Py_UNUSED(ignored)) {
-    return PyBool_FromLong(s->state == CANCELLED);
-}
-
-static PyObject *Sleeper_get_loop(SleeperObject *s, PyObject *Py_UNUSED(ignored)) {
-    if (s->loop == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "the sleeper was cleared");
-        return NULL;
-    }
-    return Py_NewRef(s->loop);
-}
-
-/* result(): None once woken; asyncio's CancelledError (with the message cancel() was given)
- * once cancelled; InvalidStateError before either. */
-static PyObject *Sleeper_result(SleeperObject *s, PyObject *Py_UNUSED(ignored)) {
-    if (s->state == WOKEN) Py_RETURN_NONE;
-    if (asyncio_errors() < 0) return NULL;
-    if (s->state == CANCELLED) {
-        if (s->cancel_msg != NULL && s->cancel_msg != Py_None)
-            PyErr_SetObject(cancelled_error, s->cancel_msg);
-        else
-            PyErr_SetNone(cancelled_error);
-    } else {
-        PyErr_SetString(invalid_state_error, "Result is not ready.");
-    }
-    return NULL;
-}
-
-static PyObject *Sleeper_exception(SleeperObject *s, PyObject *Py_UNUSED(ignored)) {
-    if (s->state == WOKEN) Py_RETURN_NONE;
-    return Sleeper_result(s, NULL); /* raises */
-}
-
-static PyObject *Sleeper_set_result(SleeperObject *s, PyObject *Py_UNUSED(result)) {
-    if (s->state != SLEEPING) {
-        if (asyncio_errors() < 0) return NULL;
-        PyErr_SetString(invalid_state_error, "invalid state: the sleeper is done");
-        return NULL;
-    }
-    s->state = WOKEN;
-    if (schedule_callbacks(s) < 0) return NULL;
-    Py_RETURN_NONE;
-}
-
-static PyObject *Sleeper_cancel(SleeperObject *s, PyObject *args, PyObject *kwds) {
-    PyObject *msg = Py_None;
-    static char *kwlist[] = {"msg", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O:cancel", kwlist, &msg)) return NULL;
-    if (s->state != SLEEPING) Py_RETURN_FALSE;
-    s->state = CANCELLED;
-    Py_XSETREF(s->cancel_msg, Py_NewRef(msg));
-    if (schedule_callbacks(s) < 0) return NULL;
-    Py_RETURN_TRUE;
-}
-
-static PyObject *Sleeper_add_done_callback(SleeperObject *s, PyObject *args, PyObject *kwds) {
-    PyObject *fn, *context = Py_None;
-    static char *kwlist[] = {"", "context", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$O:add_done_callback", kwlist, &fn,
-                                     &context))
-        return NULL;
-    if (context == Py_None) {
-        context = PyContext_CopyCurrent();
-        if (context == NULL) return NULL;
-    } else if (!PyContext_CheckExact(context)) {
-        PyErr_Format(PyExc_TypeError, "context must be a contextvars.Context, not %.200s",
-                     Py_TYPE(context)->tp_name);
-        return NULL;
-    } else {
-        Py_INCREF(context);
-    }
-    int rc = 0;
-    if (s->state != SLEEPING) {
-        rc = call_soon(s, fn, context);
-    } else if (s->callback == NULL && s->more == NULL) {
-        s->callback = Py_NewRef(fn);
-        s->context = Py_NewRef(context);
-    } else {
-        PyObject *pair = PyTuple_Pack(2, fn, context);
-        if (pair == NULL) rc = -1;
-        else {
-            if (s->more == NULL && (s->more = PyList_New(0)) == NULL) rc = -1;
-            if (rc == 0) rc = PyList_Append(s->more, pair);
-            Py_DECREF(pair);
-        }
-    }
-    Py_DECREF(context);
-    if (rc < 0) return NULL;
-    Py_RETURN_NONE;
-}
-
-static PyObject *Sleeper_remove_done_callback(SleeperObject *s, PyObject *fn) {
-    Py_ssize_t removed = 0;
-    if (s->callback != NULL) {
-        int eq = PyObject_RichCompareBool(s->callback, fn, Py_EQ);
-        if (eq < 0) return NULL;
-        if (eq) {
-            Py_CLEAR(s->callback);
-            Py_CLEAR(s->context);
-            removed++;
-        }
-    }
-    if (s->more != NULL) {
-        PyObject *kept = PyList_New(0);
-        if (kept == NULL) return NULL;
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(s->more); i++) {
-            PyObject *pair = PyList_GET_ITEM(s->more, i);
-            int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(pair, 0), fn, Py_EQ);
-            if (eq < 0 || (!eq && PyList_Append(kept, pair) < 0)) {
-                Py_DECREF(kept);
-                return NULL;
-            }
-            removed += eq;
-        }
-        Py_SETREF(s->more, kept);
-    }
-    return PyLong_FromSsize_t(removed);
-}
-
-static PyObject *Sleeper_get_blocking(SleeperObject *s, void *Py_UNUSED(closure)) {
-    return PyBool_FromLong(s->blocking);
-}
-
-static int Sleeper_set_blocking(SleeperObject *s, PyObject *value, void *Py_UNUSED(closure)) {
-    if (value == NULL || !PyBool_Check(value)) {
-        PyErr_SetString(PyExc_ValueError, "_asyncio_future_blocking must be True or False");
-        return -1;
-    }
-    s->blocking = value == Py_True;
-    return 0;
-}
-
-/* await: yield the sleeper itself to the task while it sleeps (the future protocol), then
- * return None, or raise CancelledError if it was cancelled. */
-static PySendResult Sleeper_send(SleeperObject *s, PyObject *Py_UNUSED(arg), PyObject **result) {
-    if (s->state == SLEEPING) {
-        s->blocking = 1;
-        *result = Py_NewRef(s);
-        return PYGEN_NEXT;
-    }
-    if (s->state == CANCELLED) {
-        *result = Sleeper_result(s, NULL);
-        return PYGEN_ERROR;
-    }
-    *result = Py_NewRef(Py_None);
-    return PYGEN_RETURN;
-}
-
-static PyObject *Sleeper_next(SleeperObject *s) {
-    PyObject *r;
-    PySendResult rc = Sleeper_send(s, NULL, &r);
-    if (rc == PYGEN_NEXT) return r;
-    if (rc == PYGEN_RETURN) Py_DECREF(r); /* None: StopIteration without a value */
-    return NULL;
-}
-
-static PyObject *Sleeper_self(PyObject *self) {
-    return Py_NewRef(self);
-}
-
-static PyMethodDef Sleeper_methods[] = {
-    {"done", (PyCFunction)Sleeper_done, METH_NOARGS, "done() -> bool: woken or cancelled."},
-    {"cancelled", (PyCFunction)Sleeper_cancelled, METH_NOARGS, "cancelled() -> bool"},
-    {"get_loop", (PyCFunction)Sleeper_get_loop, METH_NOARGS, "get_loop(): the loop."},
-    {"result", (PyCFunction)Sleeper_result, METH_NOARGS,
-     "result(): None once woken; raises CancelledError once cancelled, InvalidStateError "
-     "before."},
-    {"exception", (PyCFunction)Sleeper_exception, METH_NOARGS,
-     "exception(): None once woken; raises as result() otherwise."},
-    {"set_result", (PyCFunction)Sleeper_set_result, METH_O,
-     "set_result(None): wake the sleeper: its task's wake-up is scheduled with the loop's "
-     "call_soon(). InvalidStateError if it is done already."},
-    {"cancel", (PyCFunction)(void (*)(void))Sleeper_cancel, METH_VARARGS | METH_KEYWORDS,
-     "cancel(msg=None) -> bool: cancel the sleeper unless it is done; the task that awaits it "
-     "then raises CancelledError."},
-    {"add_done_callback", (PyCFunction)(void (*)(void))Sleeper_add_done_callback,
-     METH_VARARGS | METH_KEYWORDS,
-     "add_done_callback(fn, *, context=None): call fn(sleeper) in `context` once it is done."},
-    {"remove_done_callback", (PyCFunction)Sleeper_remove_done_callback, METH_O,
-     "remove_done_callback(fn) -> int: how many callbacks were removed."},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyGetSetDef Sleeper_getset[] = {
-    {"_asyncio_future_blocking", (getter)Sleeper_get_blocking, (setter)Sleeper_set_blocking,
-     "asyncio's future protocol: True while a task is to wait for the sleeper.", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyAsyncMethods Sleeper_async = {
-    .am_await = Sleeper_self,
-    .am_send = (sendfunc)Sleeper_send,
-};
-
-static PyTypeObject SleeperType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "aiocudasem._hotpath.Sleeper",
-    .tp_basicsize = sizeof(SleeperObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "Sleeper(loop)\n--\n\nThe sleeper of one coroutine parked on an asyncio loop: a "
-              "future of the loop for the task that awaits it, which run_sleepers() can wake "
-              "without scheduling a callback per task.",
-    .tp_new = Sleeper_new,
-    .tp_as_async = &Sleeper_async,
-    .tp_iter = Sleeper_self,
-    .tp_iternext = (iternextfunc)Sleeper_next,
-    .tp_methods = Sleeper_methods,
-    .tp_getset = Sleeper_getset,
-    .tp_traverse = (traverseproc)Sleeper_traverse,
-    .tp_clear = (inquiry)Sleeper_clear,
-    .tp_dealloc = (destructor)Sleeper_dealloc,
-};
-
-/* run_sleepers(sleepers): wake each sleeper of the list that is still asleep, in order, and
- * run its task's wake-up at once, in its context. Called by the loop (a callback), so that no
- * task is running. If a wake-up raises (only what the loop itself would not catch from a
- * task), the sleepers after it are handed to a new call_soon(run_sleepers, rest) first, so
- * that none is lost, and the error propagates to the loop, as from any callback. */
-static PyObject *run_sleepers(PyObject *Py_UNUSED(module), PyObject *sleepers) {
-    if (!PyList_CheckExact(sleepers)) {
-        PyErr_Format(PyExc_TypeError, "run_sleepers() takes a list, not %.200s",
-                     Py_TYPE(sleepers)->tp_name);
-        return NULL;
-    }
-    Py_INCREF(sleepers);
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(sleepers); i++) {
-        PyObject *item = PyList_GET_ITEM(sleepers, i);
-        if (Py_TYPE(item) != &SleeperType) {
-            PyErr_Format(PyExc_TypeError, "run_sleepers() takes sleepers, not %.200s",
-                         Py_TYPE(item)->tp_name);
-            Py_DECREF(sleepers);
+    PyObject *pairs = PyList_Check(cbs) ? PySequence_List(cbs) : NULL; /* a copy */
+    Py_DECREF(cbs);
+    if (pairs == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pairs); i++) {
+        PyObject *p = PyList_GET_ITEM(pairs, i);
+        if (!PyTuple_Check(p) || PyTuple_GET_SIZE(p) != 2 ||
+            !PyContext_CheckExact(PyTuple_GET_ITEM(p, 1))) {
+            Py_DECREF(pairs);
             return NULL;
         }
-        SleeperObject *s = (SleeperObject *)item;
-        if (s->state != SLEEPING) continue; /* cancelled, or woken otherwise */
-        s->state = WOKEN;
-        Py_INCREF(s);
-        PyObject *callback = s->callback, *context = s->context;
-        s->callback = s->context = NULL;
-        int rc = 0;
-        if (s->more != NULL) { /* not the library's: as a future would, through call_soon() */
-            PyObject *more = s->more;
-            s->more = NULL;
-            for (Py_ssize_t j = 0; rc == 0 && j < PyList_GET_SIZE(more); j++) {
-                PyObject *pair = PyList_GET_ITEM(more, j);
-                rc = call_soon(s, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1));
-            }
-            Py_DECREF(more);
+    }
+    return pairs;
+}
+
+/* Schedule each (future, callback, context) of `triples` from `start` on with call_soon(): what
+ * set_result() would have done, for those that run_callbacks() will not run. Keeps the error
+ * that is set, if any. */
+static void schedule_rest(PyObject *triples, Py_ssize_t start) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    for (Py_ssize_t i = start; i < PyList_GET_SIZE(triples); i++) {
+        PyObject *t = PyList_GET_ITEM(triples, i);
+        if (call_soon_on(PyTuple_GET_ITEM(t, 0), PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 2)) < 0)
+            PyErr_WriteUnraisable(PyTuple_GET_ITEM(t, 0)); /* the loop is closed */
+    }
+    PyErr_Restore(type, value, tb);
+}
+
+static PyObject *wake_futures(PyObject *Py_UNUSED(module), PyObject *futures) {
+    if (!PyList_CheckExact(futures)) {
+        PyErr_Format(PyExc_TypeError, "wake_futures() takes a list, not %.200s",
+                     Py_TYPE(futures)->tp_name);
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    Py_INCREF(futures);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(futures); i++) {
+        PyObject *fut = Py_NewRef(PyList_GET_ITEM(futures, i));
+        PyObject *pairs = NULL, *r = PyObject_CallMethodNoArgs(fut, str_done);
+        int done = r == NULL ? -1 : PyObject_IsTrue(r);
+        Py_XDECREF(r);
+        if (done != 0) {
+            Py_DECREF(fut);
+            if (done < 0) goto error;
+            continue; /* cancelled, or woken otherwise */
         }
-        if (rc == 0 && callback != NULL) {
-            rc = PyContext_Enter(context);
-            if (rc == 0) {
-                PyObject *r = PyObject_CallOneArg(callback, (PyObject *)s);
-                if (PyContext_Exit(context) < 0 || r == NULL) rc = -1;
-                Py_XDECREF(r);
-            }
+        pairs = callbacks_of(fut);
+        if (pairs == NULL && PyErr_Occurred()) goto error_fut;
+        Py_ssize_t taken = 0;
+        for (; pairs != NULL && taken < PyList_GET_SIZE(pairs); taken++) {
+            PyObject *p = PyList_GET_ITEM(pairs, taken);
+            r = PyObject_CallMethodOneArg(fut, str_remove_done_callback, PyTuple_GET_ITEM(p, 0));
+            if (r == NULL) goto error_fut;
+            Py_DECREF(r);
         }
-        Py_XDECREF(callback);
-        Py_XDECREF(context);
+        r = PyObject_CallMethodOneArg(fut, str_set_result, Py_None);
+        if (r == NULL) goto error_fut;
+        Py_DECREF(r);
+        for (Py_ssize_t j = 0; pairs != NULL && j < PyList_GET_SIZE(pairs); j++) {
+            PyObject *p = PyList_GET_ITEM(pairs, j);
+            PyObject *t = PyTuple_Pack(3, fut, PyTuple_GET_ITEM(p, 0), PyTuple_GET_ITEM(p, 1));
+            if (t == NULL || PyList_Append(out, t) < 0) {
+                Py_XDECREF(t);
+                goto error_fut;
+            }
+            Py_DECREF(t);
+        }
+        Py_XDECREF(pairs);
+        Py_DECREF(fut);
+        continue;
+    error_fut:
+        /* Callbacks taken off this future and not yet kept are scheduled as set_result() would. */
+        if (pairs != NULL) {
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            for (Py_ssize_t j = 0; j < PyList_GET_SIZE(pairs); j++) {
+                PyObject *p = PyList_GET_ITEM(pairs, j);
+                if (call_soon_on(fut, PyTuple_GET_ITEM(p, 0), PyTuple_GET_ITEM(p, 1)) < 0)
+                    PyErr_WriteUnraisable(fut);
+            }
+            PyErr_Restore(type, value, tb);
+            Py_DECREF(pairs);
+        }
+        Py_DECREF(fut);
+        goto error;
+    }
+    Py_DECREF(futures);
+    return out;
+error:
+    schedule_rest(out, 0); /* nothing taken off is lost */
+    Py_DECREF(out);
+    Py_DECREF(futures);
+    return NULL;
+}
+
+static PyObject *run_callbacks(PyObject *Py_UNUSED(module), PyObject *triples) {
+    if (!PyList_CheckExact(triples)) {
+        PyErr_Format(PyExc_TypeError, "run_callbacks() takes a list, not %.200s",
+                     Py_TYPE(triples)->tp_name);
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(triples);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyList_GET_ITEM(triples, i);
+        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 3 ||
+            !PyContext_CheckExact(PyTuple_GET_ITEM(t, 2))) {
+            PyErr_SetString(PyExc_TypeError,
+                            "run_callbacks() takes (future, callback, context) triples");
+            return NULL;
+        }
+    }
+    Py_INCREF(triples);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(triples); i++) {
+        PyObject *t = Py_NewRef(PyList_GET_ITEM(triples, i));
+        PyObject *context = PyTuple_GET_ITEM(t, 2);
+        int rc = PyContext_Enter(context);
+        if (rc == 0) {
+            PyObject *r = PyObject_CallOneArg(PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 0));
+            if (PyContext_Exit(context) < 0 || r == NULL) rc = -1;
+            Py_XDECREF(r);
+        }
         if (rc < 0) {
-            PyObject *rest = PyList_GetSlice(sleepers, i + 1, PyList_GET_SIZE(sleepers));
-            if (rest != NULL && PyList_GET_SIZE(rest) > 0 && s->loop != NULL) {
+            /* The rest go to a new call of the loop first: none is lost. */
+            PyObject *rest = PyList_GetSlice(triples, i + 1, PyList_GET_SIZE(triples));
+            if (rest != NULL && PyList_GET_SIZE(rest) > 0) {
                 PyObject *type, *value, *tb;
                 PyErr_Fetch(&type, &value, &tb);
-                PyObject *r = PyObject_CallMethodObjArgs(s->loop, str_call_soon,
-                                                         run_sleepers_fn, rest, NULL);
-                if (r == NULL) /* the loop is closed: the rest cannot be woken */
+                PyObject *loop = PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(t, 0), str_get_loop);
+                PyObject *r = loop == NULL ? NULL
+                                           : PyObject_CallMethodObjArgs(loop, str_call_soon,
+                                                                        run_callbacks_fn, rest, NULL);
+                Py_XDECREF(loop);
+                if (r == NULL) { /* the loop is closed: one by one, as far as that goes */
                     PyErr_Clear();
+                    schedule_rest(rest, 0);
+                }
                 Py_XDECREF(r);
                 PyErr_Restore(type, value, tb);
             }
             Py_XDECREF(rest);
-            Py_DECREF(s);
-            Py_DECREF(sleepers);
+            Py_DECREF(t);
+            Py_DECREF(triples);
             return NULL;
         }
-        Py_DECREF(s);
+        Py_DECREF(t);
     }
-    Py_DECREF(sleepers);
+    Py_DECREF(triples);
     Py_RETURN_NONE;
 }
 
@@ -1282,8 +1091,15 @@ static PyObject *in_park_order(PyObject *Py_UNUSED(module), PyObject *batches) {
         n += PyDict_GET_SIZE(d);
     }
     if (nb == 1) return PyDict_Keys(PyList_GET_ITEM(batches, 0));
+    /* Allocated first: an allocation may run the collector, and so finalizers, which must not
+     * run while the keys below are borrowed. Nothing between here and the end runs Python. */
+    PyObject *order = PyList_New(n);
+    if (order == NULL) return NULL;
     Placed *all = PyMem_Malloc((n ? n : 1) * sizeof(Placed));
-    if (all == NULL) return PyErr_NoMemory();
+    if (all == NULL) {
+        Py_DECREF(order);
+        return PyErr_NoMemory();
+    }
     Py_ssize_t k = 0;
     for (Py_ssize_t b = 0; b < nb; b++) {
         PyObject *d = PyList_GET_ITEM(batches, b), *key, *value;
@@ -1291,25 +1107,25 @@ static PyObject *in_park_order(PyObject *Py_UNUSED(module), PyObject *batches) {
         while (k < n && PyDict_Next(d, &pos, &key, &value)) {
             if (!PyLong_CheckExact(value)) {
                 PyMem_Free(all);
+                Py_DECREF(order);
                 PyErr_SetString(PyExc_TypeError, "in_park_order(): a place is not an int");
                 return NULL;
             }
             long long place = PyLong_AsLongLong(value);
             if (place == -1 && PyErr_Occurred()) {
                 PyMem_Free(all);
+                Py_DECREF(order);
                 return NULL;
             }
             all[k].place = place;
-            all[k].sleeper = key; /* borrowed: nothing runs before the list below holds it */
+            all[k].sleeper = key; /* borrowed: nothing runs before the list holds it */
             k++;
         }
     }
     qsort(all, (size_t)k, sizeof(Placed), by_place);
-    PyObject *order = PyList_New(k);
-    if (order != NULL)
-        for (Py_ssize_t i = 0; i < k; i++) PyList_SET_ITEM(order, i, Py_NewRef(all[i].sleeper));
+    for (Py_ssize_t i = 0; i < k; i++) PyList_SET_ITEM(order, i, Py_NewRef(all[i].sleeper));
     PyMem_Free(all);
-    return order;
+    return order; /* k == n: the sizes were read just above */
 }
 
 /* ------------------------------------------------------------------ module */
@@ -1329,10 +1145,15 @@ static PyMethodDef module_methods[] = {
      "checkpoint_query(stream, query, handle, history, /) -> Awaitable[float | None]: on "
      "asyncio, one bare yield then settle(): None if the stream was idle, else when the wait "
      "began (a perf_counter())."},
-    {"run_sleepers", run_sleepers, METH_O,
-     "run_sleepers(sleepers, /): wake each Sleeper of the list that is still asleep, in order, "
-     "running its task's wake-up at once (a callback of the loop runs it). If one raises, the "
-     "rest go to a new call_soon(run_sleepers, rest) and the error propagates."},
+    {"wake_futures", wake_futures, METH_O,
+     "wake_futures(futures, /) -> list: mark each asyncio future of the list that is not done "
+     "yet as done, as set_result(None) does, but take its done callbacks off first; return "
+     "them, in order, as (future, callback, context) triples for run_callbacks(). A future "
+     "whose callbacks cannot be read from `_callbacks` gets plain set_result(None)."},
+    {"run_callbacks", run_callbacks, METH_O,
+     "run_callbacks(triples, /): run each callback(future) of wake_futures()'s triples in its "
+     "context, in order (a callback of the loop runs it). If one raises, the rest go to a new "
+     "call_soon(run_callbacks, rest) first, and the error propagates."},
     {"in_park_order", in_park_order, METH_O,
      "in_park_order(batches, /) -> list: the sleepers of a list of dicts {sleeper: place}, "
      "in the order of their places."},
@@ -1343,7 +1164,7 @@ static struct PyModuleDef hotpath_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "aiocudasem._hotpath",
     .m_doc = "The await's own steps in C: the running loop's notifier, the wait history, and "
-             "asyncio's sleepers with the function that wakes a crowd of them.",
+             "the two steps that wake a crowd of asyncio futures.",
     .m_size = -1,
     .m_methods = module_methods,
 };
@@ -1377,14 +1198,20 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     if (!(str_trio = PyUnicode_InternFromString("trio"))) return NULL;
     if (!(str__closed_error = PyUnicode_InternFromString("_closed_error"))) return NULL;
     if (!(str_call_soon = PyUnicode_InternFromString("call_soon"))) return NULL;
+    if (!(str_callbacks = PyUnicode_InternFromString("_callbacks"))) return NULL;
+    if (!(str_remove_done_callback = PyUnicode_InternFromString("remove_done_callback")))
+        return NULL;
+    if (!(str_set_result = PyUnicode_InternFromString("set_result"))) return NULL;
+    if (!(str_done = PyUnicode_InternFromString("done"))) return NULL;
+    if (!(str_get_loop = PyUnicode_InternFromString("get_loop"))) return NULL;
     if (!(context_kwnames = Py_BuildValue("(s)", "context"))) return NULL;
     PyObject *m = PyModule_Create(&hotpath_module);
     if (m == NULL) return NULL;
     if (add_type(m, "LoopCheck", &LoopCheckType) < 0 || add_type(m, "Finder", &FinderType) < 0 ||
-        add_type(m, "History", &HistoryType) < 0 || add_type(m, "Sleeper", &SleeperType) < 0 ||
+        add_type(m, "History", &HistoryType) < 0 ||
         PyType_Ready(&CheckpointQueryType) < 0 ||
         PyModule_AddIntConstant(m, "PROBE_EVERY", PROBE_EVERY) < 0 ||
-        !(run_sleepers_fn = PyObject_GetAttrString(m, "run_sleepers"))) {
+        !(run_callbacks_fn = PyObject_GetAttrString(m, "run_callbacks"))) {
         Py_DECREF(m);
         return NULL;
     }

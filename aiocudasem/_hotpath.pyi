@@ -1,5 +1,5 @@
 import asyncio
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable
 from contextvars import Context, ContextVar
 from typing import Any, Final, Literal, TypeVar
 
@@ -68,30 +68,21 @@ def checkpoint_query(
     """On asyncio: one bare yield, then :func:`settle`. None if the stream was idle, else when
     the wait began (a ``time.perf_counter()``)."""
 
-class Sleeper:
-    """The sleeper of one coroutine parked on an asyncio loop: a future of the loop (asyncio's
-    future protocol) for the task that awaits it, which :func:`run_sleepers` can wake without
-    scheduling a callback of the loop per task."""
+def wake_futures(
+    futures: list[asyncio.Future[Any]], /
+) -> list[tuple[asyncio.Future[Any], Callable[[asyncio.Future[Any]], object], Context]]:
+    """Mark each future of the list that is not done yet as done, as ``set_result(None)``
+    does, but take its done callbacks off first; return them, in order, as (future, callback,
+    context) triples for :func:`run_callbacks`. A future whose callbacks cannot be read from
+    ``_callbacks`` gets plain ``set_result(None)``."""
 
-    _asyncio_future_blocking: bool
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None: ...
-    def get_loop(self) -> asyncio.AbstractEventLoop: ...
-    def done(self) -> bool: ...
-    def cancelled(self) -> bool: ...
-    def result(self) -> None: ...
-    def exception(self) -> BaseException | None: ...
-    def set_result(self, result: None, /) -> None: ...
-    def cancel(self, msg: Any | None = None) -> bool: ...
-    def add_done_callback(
-        self, fn: Callable[[Sleeper], object], /, *, context: Context | None = None
-    ) -> None: ...
-    def remove_done_callback(self, fn: Callable[[Sleeper], object], /) -> int: ...
-    def __await__(self) -> Generator[Any]: ...
-
-def run_sleepers(sleepers: list[Sleeper], /) -> None:
-    """Wake each sleeper of the list that is still asleep, in order, running its task's
-    wake-up at once: called by the loop, as a callback. If a wake-up raises, the sleepers after
-    it go to a new ``call_soon(run_sleepers, rest)`` and the error propagates."""
+def run_callbacks(
+    triples: list[tuple[asyncio.Future[Any], Callable[[asyncio.Future[Any]], object], Context]],
+    /,
+) -> None:
+    """Run each ``callback(future)`` of :func:`wake_futures`'s triples in its context, in
+    order: called by the loop, as a callback. If one raises, the rest go to a new
+    ``call_soon(run_callbacks, rest)`` first, and the error propagates."""
 
 def in_park_order(batches: list[dict[_K, int]], /) -> list[_K]:
     """The keys of a list of dicts ``{sleeper: place}``, in the order of their places (one dict

@@ -3,20 +3,21 @@ loop.
 
 A sleeper has the four methods of an asyncio future that parking needs: ``done()``,
 ``set_result(None)`` (only when not done), ``cancel()`` (when its coroutine leaves without it:
-nobody wakes it after that) and ``await``. On asyncio (and uvloop) it is a
-``_hotpath.Sleeper``: a future of the loop for the task that awaits it (asyncio's future
-protocol), in C. Awaiting it resumes no Python frame, and ``set_result()`` schedules its
-task's wake-up with the loop's ``call_soon()``, as a future does. On trio it is the task
-itself, parked with ``wait_task_rescheduled`` and woken with ``reschedule``. Any other anyio
-backend gets an ``anyio.Event``, which adds an event of the loop and two coroutine frames per
-wake-up.
+nobody wakes it after that) and ``await``. On asyncio (and uvloop) it *is* a future of the
+loop: awaiting it resumes no Python frame. On trio it is the task itself, parked with
+``wait_task_rescheduled`` and woken with ``reschedule``. Any other anyio backend gets an
+``anyio.Event``, which adds an event of the loop and two coroutine frames per wake-up.
 
 A crowd, the sleepers of the points that one batch of completions finished, is woken by
-:func:`crowd_waker`'s function, in the order in which its coroutines parked. On asyncio that is
-one callback of the loop, ``_hotpath.run_sleepers()``, which runs each task's wake-up in turn:
-waking 10,000 futures one by one costs a handle of the loop each (about 1-1.5 us on an H200
-host, all of it paid before the first coroutine resumes), and each handle costs again when the
-loop runs it. Elsewhere each sleeper is woken in turn.
+:func:`crowd_waker`'s function, in the order in which its coroutines parked. On asyncio,
+``set_result()`` on each future would schedule each task's wake-up with the loop's
+``call_soon()``: a handle of the loop per task (about 1-1.5 us on an H200 host, all of it paid
+before the first coroutine resumes), which the loop then runs. Instead
+``_hotpath.wake_futures()`` marks every future done at once, as ``set_result()`` does, with its
+callbacks taken off, and one callback of the loop, ``_hotpath.run_callbacks()``, runs the
+tasks' wake-ups in turn. The futures stay the loop's own, so that what looks at a task's future
+(anyio's cancel scopes, ``Task.cancel()``) sees what it would after ``set_result()``. Elsewhere
+each sleeper is woken in turn.
 
 Both are cancellable as the loop's own primitives are: a cancelled asyncio task cancels the
 future it awaits (which is then done), and a cancelled trio task is aborted (and its sleeper
@@ -25,12 +26,10 @@ marked done), so that nobody hands a role to a coroutine that is leaving.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Generator, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._hotpath import Sleeper as _AsyncioSleeper
-from .._hotpath import run_sleepers
+from .._hotpath import run_callbacks, wake_futures
 
 if TYPE_CHECKING:
     from anyio.abc import AsyncBackend
@@ -56,7 +55,7 @@ def sleeper_factory(
     """A function that makes one sleeper for the loop of ``token`` (anyio's
     ``current_token()``: the asyncio loop, or the trio token)."""
     if library == "asyncio":
-        return functools.partial(_AsyncioSleeper, token)  # type: ignore[arg-type]
+        return token.create_future  # type: ignore[attr-defined,no-any-return]
     if library == "trio":
         return _trio_sleeper()
     return lambda: _EventSleeper(backend)
@@ -64,13 +63,16 @@ def sleeper_factory(
 
 def crowd_waker(library: str | None, token: object) -> Callable[[list[Sleeper]], None]:
     """A function that wakes a crowd: the sleepers of a list, in its order, skipping those
-    that are done (cancelled, or woken otherwise). On asyncio it schedules one callback of the
-    loop, which runs their tasks' wake-ups in turn; elsewhere it wakes each in turn."""
+    that are done (cancelled, or woken otherwise). On asyncio it marks them all done and
+    schedules one callback of the loop, which runs their tasks' wake-ups in turn; elsewhere it
+    wakes each in turn."""
     if library == "asyncio":
         call_soon = token.call_soon  # type: ignore[attr-defined]
 
         def wake_asyncio(sleepers: list[Sleeper]) -> None:
-            call_soon(run_sleepers, sleepers)
+            wake_ups = wake_futures(sleepers)  # type: ignore[arg-type]
+            if wake_ups:
+                call_soon(run_callbacks, wake_ups)
 
         return wake_asyncio
     return wake
