@@ -873,7 +873,7 @@ static PyObject *get_spin_limit(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED
  * else there, is woken with plain set_result(). */
 
 static PyObject *str_call_soon, *str_callbacks, *str_remove_done_callback, *str_set_result,
-    *str_done, *str_get_loop, *context_kwnames, *run_callbacks_fn;
+    *str_done, *str_get_loop, *str_add_done_callback, *context_kwnames, *run_callbacks_fn;
 
 /* getattr(o, name, None) without the exception: 1 and a new reference, 0 and NULL if there
  * is no such attribute, -1 on another error. */
@@ -941,6 +941,36 @@ static void schedule_rest(PyObject *triples, Py_ssize_t start) {
     PyErr_Restore(type, value, tb);
 }
 
+/* fut.add_done_callback(callback, context=context) */
+static int give_back_callback(PyObject *fut, PyObject *callback, PyObject *context) {
+    PyObject *meth = PyObject_GetAttr(fut, str_add_done_callback);
+    if (meth == NULL) return -1;
+    PyObject *args[2] = {callback, context};
+    PyObject *r = PyObject_Vectorcall(meth, args, 1, context_kwnames);
+    Py_DECREF(meth);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* After an error: fut.set_result(None) if it is not done, which schedules its callbacks as
+ * usual; errors are reported as unraisable. Keeps the error that is set. */
+static void plain_set_result(PyObject *fut) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    Py_INCREF(fut);
+    PyObject *r = PyObject_CallMethodNoArgs(fut, str_done);
+    int done = r == NULL ? -1 : PyObject_IsTrue(r);
+    Py_XDECREF(r);
+    if (done == 0) {
+        r = PyObject_CallMethodOneArg(fut, str_set_result, Py_None);
+        if (r == NULL) done = -1;
+        Py_XDECREF(r);
+    }
+    if (done < 0) PyErr_WriteUnraisable(fut);
+    Py_DECREF(fut);
+    PyErr_Restore(type, value, tb);
+}
+
 static PyObject *wake_futures(PyObject *Py_UNUSED(module), PyObject *futures) {
     if (!PyList_CheckExact(futures)) {
         PyErr_Format(PyExc_TypeError, "wake_futures() takes a list, not %.200s",
@@ -952,17 +982,24 @@ static PyObject *wake_futures(PyObject *Py_UNUSED(module), PyObject *futures) {
     Py_INCREF(futures);
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(futures); i++) {
         PyObject *fut = Py_NewRef(PyList_GET_ITEM(futures, i));
+        Py_ssize_t kept = PyList_GET_SIZE(out), taken = 0;
         PyObject *pairs = NULL, *r = PyObject_CallMethodNoArgs(fut, str_done);
         int done = r == NULL ? -1 : PyObject_IsTrue(r);
         Py_XDECREF(r);
         if (done != 0) {
             Py_DECREF(fut);
-            if (done < 0) goto error;
+            if (done < 0) {
+                PyObject *type, *value, *tb;
+                PyErr_Fetch(&type, &value, &tb);
+                for (Py_ssize_t j = i + 1; j < PyList_GET_SIZE(futures); j++)
+                    plain_set_result(PyList_GET_ITEM(futures, j));
+                PyErr_Restore(type, value, tb);
+                goto error;
+            }
             continue; /* cancelled, or woken otherwise */
         }
         pairs = callbacks_of(fut);
         if (pairs == NULL && PyErr_Occurred()) goto error_fut;
-        Py_ssize_t taken = 0;
         for (; pairs != NULL && taken < PyList_GET_SIZE(pairs); taken++) {
             PyObject *p = PyList_GET_ITEM(pairs, taken);
             r = PyObject_CallMethodOneArg(fut, str_remove_done_callback, PyTuple_GET_ITEM(p, 0));
@@ -985,25 +1022,39 @@ static PyObject *wake_futures(PyObject *Py_UNUSED(module), PyObject *futures) {
         Py_DECREF(fut);
         continue;
     error_fut:
-        /* Callbacks taken off this future and not yet kept are scheduled as set_result() would. */
-        if (pairs != NULL) {
+        /* Nobody may be lost: this future gets back the callbacks taken off it (so that it is
+         * as it was, and cancelling its task still works) and, like every future after it,
+         * plain set_result(); the wake-ups kept so far are scheduled one by one. Then the
+         * error propagates. */
+        {
             PyObject *type, *value, *tb;
             PyErr_Fetch(&type, &value, &tb);
-            for (Py_ssize_t j = 0; j < PyList_GET_SIZE(pairs); j++) {
-                PyObject *p = PyList_GET_ITEM(pairs, j);
-                if (call_soon_on(fut, PyTuple_GET_ITEM(p, 0), PyTuple_GET_ITEM(p, 1)) < 0)
+            if (PyList_SetSlice(out, kept, PyList_GET_SIZE(out), NULL) < 0) PyErr_Clear();
+            /* Which were taken off: those no longer among its callbacks (by identity, which
+             * runs no Python), or if those cannot be read, those whose removal returned. */
+            PyObject *now = pairs != NULL ? callbacks_of(fut) : NULL;
+            if (now == NULL) PyErr_Clear();
+            for (Py_ssize_t j = 0; pairs != NULL && j < PyList_GET_SIZE(pairs); j++) {
+                PyObject *p = PyList_GET_ITEM(pairs, j), *cb = PyTuple_GET_ITEM(p, 0);
+                int gone = now == NULL ? j < taken : 1;
+                for (Py_ssize_t q = 0; now != NULL && q < PyList_GET_SIZE(now); q++)
+                    if (PyTuple_GET_ITEM(PyList_GET_ITEM(now, q), 0) == cb) gone = 0;
+                if (gone && give_back_callback(fut, cb, PyTuple_GET_ITEM(p, 1)) < 0)
                     PyErr_WriteUnraisable(fut);
             }
+            Py_XDECREF(now);
+            Py_XDECREF(pairs);
+            Py_DECREF(fut);
+            for (Py_ssize_t j = i; j < PyList_GET_SIZE(futures); j++)
+                plain_set_result(PyList_GET_ITEM(futures, j));
             PyErr_Restore(type, value, tb);
-            Py_DECREF(pairs);
         }
-        Py_DECREF(fut);
         goto error;
     }
     Py_DECREF(futures);
     return out;
 error:
-    schedule_rest(out, 0); /* nothing taken off is lost */
+    schedule_rest(out, 0); /* the wake-ups kept: as set_result() would have scheduled them */
     Py_DECREF(out);
     Py_DECREF(futures);
     return NULL;
@@ -1029,15 +1080,21 @@ static PyObject *run_callbacks(PyObject *Py_UNUSED(module), PyObject *triples) {
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(triples); i++) {
         PyObject *t = Py_NewRef(PyList_GET_ITEM(triples, i));
         PyObject *context = PyTuple_GET_ITEM(t, 2);
-        int rc = PyContext_Enter(context);
+        int rc = PyContext_Enter(context), entered = rc == 0;
         if (rc == 0) {
             PyObject *r = PyObject_CallOneArg(PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 0));
             if (PyContext_Exit(context) < 0 || r == NULL) rc = -1;
             Py_XDECREF(r);
         }
         if (rc < 0) {
-            /* The rest go to a new call of the loop first: none is lost. */
-            PyObject *rest = PyList_GetSlice(triples, i + 1, PyList_GET_SIZE(triples));
+            /* The rest go to a new call of the loop first: none is lost (this one too, if
+             * its context could not be entered, so that it did not run). */
+            Py_ssize_t from = entered ? i + 1 : i;
+            PyObject *rest = PyList_GetSlice(triples, from, PyList_GET_SIZE(triples));
+            if (rest == NULL) {
+                PyErr_Clear();
+                schedule_rest(triples, from);
+            }
             if (rest != NULL && PyList_GET_SIZE(rest) > 0) {
                 PyObject *type, *value, *tb;
                 PyErr_Fetch(&type, &value, &tb);
@@ -1091,41 +1148,38 @@ static PyObject *in_park_order(PyObject *Py_UNUSED(module), PyObject *batches) {
         n += PyDict_GET_SIZE(d);
     }
     if (nb == 1) return PyDict_Keys(PyList_GET_ITEM(batches, 0));
-    /* Allocated first: an allocation may run the collector, and so finalizers, which must not
-     * run while the keys below are borrowed. Nothing between here and the end runs Python. */
-    PyObject *order = PyList_New(n);
-    if (order == NULL) return NULL;
+    /* Each key is held as it is read (which runs no Python): an allocation may run the
+     * collector, and so finalizers, which may change the dicts. */
     Placed *all = PyMem_Malloc((n ? n : 1) * sizeof(Placed));
-    if (all == NULL) {
-        Py_DECREF(order);
-        return PyErr_NoMemory();
-    }
+    if (all == NULL) return PyErr_NoMemory();
+    PyObject *order = NULL;
     Py_ssize_t k = 0;
     for (Py_ssize_t b = 0; b < nb; b++) {
         PyObject *d = PyList_GET_ITEM(batches, b), *key, *value;
         Py_ssize_t pos = 0;
         while (k < n && PyDict_Next(d, &pos, &key, &value)) {
             if (!PyLong_CheckExact(value)) {
-                PyMem_Free(all);
-                Py_DECREF(order);
                 PyErr_SetString(PyExc_TypeError, "in_park_order(): a place is not an int");
-                return NULL;
+                goto done;
             }
             long long place = PyLong_AsLongLong(value);
-            if (place == -1 && PyErr_Occurred()) {
-                PyMem_Free(all);
-                Py_DECREF(order);
-                return NULL;
-            }
+            if (place == -1 && PyErr_Occurred()) goto done;
             all[k].place = place;
-            all[k].sleeper = key; /* borrowed: nothing runs before the list holds it */
+            all[k].sleeper = Py_NewRef(key);
             k++;
         }
     }
     qsort(all, (size_t)k, sizeof(Placed), by_place);
-    for (Py_ssize_t i = 0; i < k; i++) PyList_SET_ITEM(order, i, Py_NewRef(all[i].sleeper));
+    order = PyList_New(k);
+    if (order != NULL)
+        for (Py_ssize_t i = 0; i < k; i++) {
+            PyList_SET_ITEM(order, i, all[i].sleeper); /* the reference moves */
+            all[i].sleeper = NULL;
+        }
+done:
+    for (Py_ssize_t i = 0; i < k; i++) Py_XDECREF(all[i].sleeper);
     PyMem_Free(all);
-    return order; /* k == n: the sizes were read just above */
+    return order;
 }
 
 /* ------------------------------------------------------------------ module */
@@ -1204,6 +1258,7 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     if (!(str_set_result = PyUnicode_InternFromString("set_result"))) return NULL;
     if (!(str_done = PyUnicode_InternFromString("done"))) return NULL;
     if (!(str_get_loop = PyUnicode_InternFromString("get_loop"))) return NULL;
+    if (!(str_add_done_callback = PyUnicode_InternFromString("add_done_callback"))) return NULL;
     if (!(context_kwnames = Py_BuildValue("(s)", "context"))) return NULL;
     PyObject *m = PyModule_Create(&hotpath_module);
     if (m == NULL) return NULL;

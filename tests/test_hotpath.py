@@ -1053,3 +1053,65 @@ def test_in_park_order_survives_a_collection_that_runs_finalizers() -> None:
     finally:
         gc.set_threshold(*threshold)
     assert len(out) in (0, 4)
+
+
+def test_in_park_order_survives_a_finalizer_that_shrinks_a_batch() -> None:
+    """A collection that the result's allocation starts may run a finalizer that removes a
+    key from a batch: the keys read are held, and the result has no empty place."""
+    keys = [object() for _ in range(5)]
+    d1, d2 = {k: i for i, k in enumerate(keys)}, {object(): 10}
+    first = keys[0]
+
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+
+        def __del__(self) -> None:
+            d1.pop(first, None)
+
+    gc.collect()
+    Cycle()
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        out = _hotpath.in_park_order([d1, d2])
+    finally:
+        gc.set_threshold(*threshold)
+    assert all(o is not None for o in out) and len(out) in (5, 6)
+
+
+def test_wake_futures_wakes_every_future_even_when_one_fails() -> None:
+    """An error while one future is woken (here a callback whose __eq__ raises, while its
+    task's wake-up is taken off) propagates, but nobody is lost: that future gets its
+    callbacks back and plain set_result(), like every future after it, and what was kept is
+    scheduled."""
+
+    class Bad:
+        def __call__(self, _f: object) -> None:
+            pass
+
+        def __eq__(self, other: object) -> bool:
+            raise RuntimeError("eq")
+
+        __hash__ = object.__hash__
+
+    async def main() -> dict[int, str]:
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in range(3)]
+        out: dict[int, str] = {}
+
+        async def wait(i: int) -> None:
+            await futures[i]
+            out[i] = "woke"
+
+        tasks = [asyncio.create_task(wait(i)) for i in range(3)]
+        await asyncio.sleep(0)
+        futures[1].add_done_callback(Bad())
+        with pytest.raises(RuntimeError, match="eq"):
+            _hotpath.wake_futures(futures)
+        assert all(f.done() for f in futures)
+        with anyio.fail_after(5):
+            await asyncio.gather(*tasks)
+        return out
+
+    assert asyncio.run(main()) == {0: "woke", 1: "woke", 2: "woke"}

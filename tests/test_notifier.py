@@ -950,11 +950,11 @@ async def test_a_sleeper_keeps_the_future_contract_that_parking_relies_on() -> N
 async def test_an_asyncio_timeout_and_a_cancel_scope_at_once_on_a_parked_wait(
     sim: SimDriver, parked: None, anyio_backend_name: str
 ) -> None:
-    """A wait parked on its sleeper under ``asyncio.timeout_at()`` inside an anyio cancel
-    scope with the same deadline: the timeout's timer runs first and cancels the task, then
-    the scope's. anyio sees the sleeper as a cancelled future and does not cancel the task a
-    second time, so the timeout raises TimeoutError and nothing escapes the scope, as with
-    any future of the loop."""
+    """A wait parked on its sleeper under ``asyncio.timeout()`` inside an anyio cancel scope,
+    both ending in one pass of the loop: the timeout cancels the task first, then the scope
+    does. anyio sees the sleeper as a cancelled future and does not cancel the task a second
+    time, so the timeout raises TimeoutError and nothing escapes the scope, as with any
+    future of the loop."""
     import asyncio
 
     if anyio_backend_name != "asyncio":
@@ -972,10 +972,14 @@ async def test_an_asyncio_timeout_and_a_cancel_scope_at_once_on_a_parked_wait(
                     await anyio.sleep(0.001)
             try:
                 with anyio.CancelScope() as scope:
-                    deadline = loop.time() + 0.05
                     try:
-                        async with asyncio.timeout_at(deadline):
-                            scope.deadline = deadline  # the same instant, registered second
+                        async with asyncio.timeout(None) as timeout:
+
+                            def expire() -> None:
+                                timeout.reschedule(loop.time() - 1)  # its handler: next
+                                loop.call_soon(scope.cancel)  # then the scope's
+
+                            loop.call_later(0.02, expire)
                             await s.wait_complete()  # parks on its sleeper
                     except TimeoutError:
                         outcome = "timeout"
