@@ -889,18 +889,24 @@ static int optional_attr(PyObject *o, PyObject *name, PyObject **res) {
 #endif
 }
 
+/* self.name(*args, context=context) with one or two positional arguments (`arg2` NULL for
+ * one): 0, or -1 with an error set. */
+static int call_in_context(PyObject *self, PyObject *name, PyObject *arg1, PyObject *arg2,
+                           PyObject *context) {
+    PyObject *args[4] = {self, arg1, arg2 != NULL ? arg2 : context, context};
+    size_t nargs = arg2 != NULL ? 3 : 2; /* self included; the context follows */
+    PyObject *r = PyObject_VectorcallMethod(name, args, nargs, context_kwnames);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
 /* fut.get_loop().call_soon(callback, fut, context=context) */
 static int call_soon_on(PyObject *fut, PyObject *callback, PyObject *context) {
     PyObject *loop = PyObject_CallMethodNoArgs(fut, str_get_loop);
     if (loop == NULL) return -1;
-    PyObject *meth = PyObject_GetAttr(loop, str_call_soon);
+    int rc = call_in_context(loop, str_call_soon, callback, fut, context);
     Py_DECREF(loop);
-    if (meth == NULL) return -1;
-    PyObject *args[3] = {callback, fut, context};
-    PyObject *r = PyObject_Vectorcall(meth, args, 2, context_kwnames);
-    Py_DECREF(meth);
-    Py_XDECREF(r);
-    return r == NULL ? -1 : 0;
+    return rc;
 }
 
 /* The (callback, context) pairs of `fut`, as a new list of its own, or NULL with no error set
@@ -941,17 +947,6 @@ static void schedule_rest(PyObject *triples, Py_ssize_t start) {
     PyErr_Restore(type, value, tb);
 }
 
-/* fut.add_done_callback(callback, context=context) */
-static int give_back_callback(PyObject *fut, PyObject *callback, PyObject *context) {
-    PyObject *meth = PyObject_GetAttr(fut, str_add_done_callback);
-    if (meth == NULL) return -1;
-    PyObject *args[2] = {callback, context};
-    PyObject *r = PyObject_Vectorcall(meth, args, 1, context_kwnames);
-    Py_DECREF(meth);
-    Py_XDECREF(r);
-    return r == NULL ? -1 : 0;
-}
-
 /* After an error: fut.set_result(None) if it is not done, which schedules its callbacks as
  * usual; errors are reported as unraisable. Keeps the error that is set. */
 static void plain_set_result(PyObject *fut) {
@@ -988,12 +983,9 @@ static PyObject *wake_futures(PyObject *Py_UNUSED(module), PyObject *futures) {
         Py_XDECREF(r);
         if (done != 0) {
             Py_DECREF(fut);
-            if (done < 0) {
-                PyObject *type, *value, *tb;
-                PyErr_Fetch(&type, &value, &tb);
+            if (done < 0) { /* the rest plainly; plain_set_result() keeps the error */
                 for (Py_ssize_t j = i + 1; j < PyList_GET_SIZE(futures); j++)
                     plain_set_result(PyList_GET_ITEM(futures, j));
-                PyErr_Restore(type, value, tb);
                 goto error;
             }
             continue; /* cancelled, or woken otherwise */
@@ -1039,7 +1031,8 @@ static PyObject *wake_futures(PyObject *Py_UNUSED(module), PyObject *futures) {
                 int gone = now == NULL ? j < taken : 1;
                 for (Py_ssize_t q = 0; now != NULL && q < PyList_GET_SIZE(now); q++)
                     if (PyTuple_GET_ITEM(PyList_GET_ITEM(now, q), 0) == cb) gone = 0;
-                if (gone && give_back_callback(fut, cb, PyTuple_GET_ITEM(p, 1)) < 0)
+                if (gone && call_in_context(fut, str_add_done_callback, cb, NULL,
+                                            PyTuple_GET_ITEM(p, 1)) < 0)
                     PyErr_WriteUnraisable(fut);
             }
             Py_XDECREF(now);

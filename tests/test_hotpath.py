@@ -1029,6 +1029,17 @@ def test_in_park_order_merges_the_batches_of_a_crowd_by_place() -> None:
         _hotpath.in_park_order([[a]])  # type: ignore[list-item]
 
 
+def _in_park_order_collecting(batches: list[dict[Any, int]]) -> list[Any]:
+    """in_park_order() with a collection due at every allocation (Python 3.11 runs it at
+    once), so that the finalizers of garbage made just before may run inside it."""
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        return _hotpath.in_park_order(batches)
+    finally:
+        gc.set_threshold(*threshold)
+
+
 def test_in_park_order_survives_a_collection_that_runs_finalizers() -> None:
     """The result list is made before the keys are read: a collection that an allocation
     starts (Python 3.11 runs one at once) cannot free a key while it is borrowed."""
@@ -1046,12 +1057,7 @@ def test_in_park_order_survives_a_collection_that_runs_finalizers() -> None:
     d1, d2 = {keys[0]: 2, keys[1]: 0}, {keys[2]: 3, keys[3]: 1}
     Cycle([d1, d2])
     del keys
-    threshold = gc.get_threshold()
-    gc.set_threshold(1)
-    try:
-        out = _hotpath.in_park_order([d1, d2])
-    finally:
-        gc.set_threshold(*threshold)
+    out = _in_park_order_collecting([d1, d2])
     assert len(out) in (0, 4)
 
 
@@ -1071,12 +1077,7 @@ def test_in_park_order_survives_a_finalizer_that_shrinks_a_batch() -> None:
 
     gc.collect()
     Cycle()
-    threshold = gc.get_threshold()
-    gc.set_threshold(1)
-    try:
-        out = _hotpath.in_park_order([d1, d2])
-    finally:
-        gc.set_threshold(*threshold)
+    out = _in_park_order_collecting([d1, d2])
     assert all(o is not None for o in out) and len(out) in (5, 6)
 
 
