@@ -32,21 +32,18 @@ with contextlib.suppress(ImportError):
 
 import aiocudasem as acs
 from aiocudasem.cli.bench._approaches import Aiocudasem, CheckpointFloor, PollSleep0
+from aiocudasem.cli.bench._common import thread_cpu
 from aiocudasem.cli.bench._measure import Bench
 from aiocudasem.lowlevel import statistics as notifier_statistics
 
 
-def _threads() -> dict[str, tuple[str, int]]:
-    """Every thread of this process by id: its name and nanoseconds on a CPU so far."""
+def _threads() -> dict[int, tuple[str, int]]:
+    """Every thread of this process by id: its name as the kernel has it (the driver's threads
+    included) and nanoseconds on a CPU so far."""
     out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = f.read().strip()
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                ns = int(f.read().split()[0])
-        except OSError:  # the thread ended meanwhile
-            continue
+    for tid, (name, ns) in thread_cpu().items():
+        with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm") as f:
+            name = f.read().strip()
         out[tid] = (name, ns)
     return out
 
@@ -59,7 +56,7 @@ async def main() -> None:
         await b.many(ap, waiters=500)
     medians: dict[str, list[float]] = {}
     rounds = int(os.environ.get("ROUNDS", "9"))
-    main_thread = str(os.getpid())
+    main_thread = os.getpid()
     for r in range(rounds):
         k = r % len(approaches)
         for ap in approaches[k:] + approaches[:k]:
