@@ -4,8 +4,8 @@
  * of Stream.wait_complete() with its bookkeeping. In Python they cost more than the rest of an
  * await of finished work put together (see docs/architecture.md, "The hot path in C"); here
  * they are a few field reads, one call of the loop's own lookup and one of the driver's query.
- * And, on asyncio, the two steps that wake a finished crowd of parked tasks with one callback
- * of the loop (see "Waking a crowd" there).
+ * And, on asyncio, the one callback of the loop that wakes a finished crowd of parked tasks
+ * (see "Waking a crowd" there).
  *
  * Nothing here blocks; the only driver call is the query that Python hands over. Every object
  * is an ordinary Python object: the logic is the one the Python modules describe
@@ -861,19 +861,22 @@ static PyObject *get_spin_limit(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED
 
 /* A parked task on asyncio (or uvloop) sleeps on a future of the loop. set_result() on a future
  * marks it done and schedules each of its done callbacks (the task's wake-up) with the loop's
- * call_soon(): a handle of the loop per task, made now and run later. A crowd of 10,000 futures
- * is woken instead in two steps. wake_futures() marks each done at once, as set_result() does,
- * but takes its callbacks off first, so that nothing is scheduled; run_callbacks(), one callback
- * of the loop, then runs those callbacks in turn, each in its context, as the loop would have.
- * The futures are the loop's own, so everything that looks at a task's future (anyio's cancel
- * scopes, wait_all_tasks_blocked(), Task.cancel()) sees what it would see after set_result().
+ * call_soon(): a handle of the loop per task, made now and run later, and all of a crowd's
+ * handles made before its first task resumes. A crowd of 10,000 futures is woken instead by one
+ * callback of the loop, wake_in_turn(), which takes each future in turn: it takes the future's
+ * callbacks off, marks it done as set_result() does, and runs those callbacks at once, each in
+ * its context, as the loop would have; then the next. The first task resumes as soon as its own
+ * future is marked, and no handle is made. The futures are the loop's own, so everything that
+ * looks at a task's future (anyio's cancel scopes, wait_all_tasks_blocked(), Task.cancel()) sees
+ * a future that is pending until its turn and done after it, as with set_result(): a task
+ * cancelled before its turn has its future cancelled, and its turn skips it.
  *
  * A future's callbacks are read from its `_callbacks` attribute: (callback, context) pairs, in
  * both asyncio's C and Python futures since Python 3.7. A future without it, or with anything
  * else there, is woken with plain set_result(). */
 
 static PyObject *str_call_soon, *str_callbacks, *str_remove_done_callback, *str_set_result,
-    *str_done, *str_get_loop, *str_add_done_callback, *context_kwnames, *run_callbacks_fn;
+    *str_done, *str_get_loop, *str_add_done_callback, *context_kwnames, *wake_in_turn_fn;
 
 /* getattr(o, name, None) without the exception: 1 and a new reference, 0 and NULL if there
  * is no such attribute, -1 on another error. */
@@ -933,20 +936,6 @@ static PyObject *callbacks_of(PyObject *fut) {
     return pairs;
 }
 
-/* Schedule each (future, callback, context) of `triples` from `start` on with call_soon(): what
- * set_result() would have done, for those that run_callbacks() will not run. Keeps the error
- * that is set, if any. */
-static void schedule_rest(PyObject *triples, Py_ssize_t start) {
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    for (Py_ssize_t i = start; i < PyList_GET_SIZE(triples); i++) {
-        PyObject *t = PyList_GET_ITEM(triples, i);
-        if (call_soon_on(PyTuple_GET_ITEM(t, 0), PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 2)) < 0)
-            PyErr_WriteUnraisable(PyTuple_GET_ITEM(t, 0)); /* the loop is closed */
-    }
-    PyErr_Restore(type, value, tb);
-}
-
 /* After an error: fut.set_result(None) if it is not done, which schedules its callbacks as
  * usual; errors are reported as unraisable. Keeps the error that is set. */
 static void plain_set_result(PyObject *fut) {
@@ -966,151 +955,129 @@ static void plain_set_result(PyObject *fut) {
     PyErr_Restore(type, value, tb);
 }
 
-static PyObject *wake_futures(PyObject *Py_UNUSED(module), PyObject *futures) {
+/* The rest of a crowd, from `start` on, to a new call of the loop of `fut`:
+ * loop.call_soon(wake_in_turn, rest). If the loop refuses (it is closed), each gets plain
+ * set_result(), as far as that goes. Keeps the error that is set, if any. */
+static void hand_on(PyObject *futures, Py_ssize_t start, PyObject *fut) {
+    if (start >= PyList_GET_SIZE(futures)) return;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *rest = PyList_GetSlice(futures, start, PyList_GET_SIZE(futures));
+    PyObject *loop = rest == NULL ? NULL : PyObject_CallMethodNoArgs(fut, str_get_loop);
+    PyObject *r = loop == NULL ? NULL
+                               : PyObject_CallMethodObjArgs(loop, str_call_soon, wake_in_turn_fn,
+                                                            rest, NULL);
+    if (r == NULL) {
+        PyErr_Clear();
+        for (Py_ssize_t j = start; j < PyList_GET_SIZE(futures); j++)
+            plain_set_result(PyList_GET_ITEM(futures, j));
+    }
+    Py_XDECREF(r);
+    Py_XDECREF(loop);
+    Py_XDECREF(rest);
+    PyErr_Restore(type, value, tb);
+}
+
+/* After an error while `fut` was being marked (`taken` of its callbacks `pairs` taken off, the
+ * future not yet done): it gets back those no longer among its callbacks (found by identity,
+ * which runs no Python; if they cannot be read, those whose removal returned), so that it is as
+ * it was and cancelling its task still works, then plain set_result(). Keeps the error. */
+static void unmark(PyObject *fut, PyObject *pairs, Py_ssize_t taken) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *now = pairs != NULL ? callbacks_of(fut) : NULL;
+    if (now == NULL) PyErr_Clear();
+    for (Py_ssize_t j = 0; pairs != NULL && j < PyList_GET_SIZE(pairs); j++) {
+        PyObject *p = PyList_GET_ITEM(pairs, j), *cb = PyTuple_GET_ITEM(p, 0);
+        int gone = now == NULL ? j < taken : 1;
+        for (Py_ssize_t q = 0; now != NULL && q < PyList_GET_SIZE(now); q++)
+            if (PyTuple_GET_ITEM(PyList_GET_ITEM(now, q), 0) == cb) gone = 0;
+        if (gone && call_in_context(fut, str_add_done_callback, cb, NULL, PyTuple_GET_ITEM(p, 1)) < 0)
+            PyErr_WriteUnraisable(fut);
+    }
+    Py_XDECREF(now);
+    PyErr_Restore(type, value, tb);
+    plain_set_result(fut);
+}
+
+static PyObject *wake_in_turn(PyObject *Py_UNUSED(module), PyObject *futures) {
     if (!PyList_CheckExact(futures)) {
-        PyErr_Format(PyExc_TypeError, "wake_futures() takes a list, not %.200s",
+        PyErr_Format(PyExc_TypeError, "wake_in_turn() takes a list, not %.200s",
                      Py_TYPE(futures)->tp_name);
         return NULL;
     }
-    PyObject *out = PyList_New(0);
-    if (out == NULL) return NULL;
     Py_INCREF(futures);
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(futures); i++) {
-        PyObject *fut = Py_NewRef(PyList_GET_ITEM(futures, i));
-        Py_ssize_t kept = PyList_GET_SIZE(out), taken = 0;
-        PyObject *pairs = NULL, *r = PyObject_CallMethodNoArgs(fut, str_done);
+        PyObject *fut = Py_NewRef(PyList_GET_ITEM(futures, i)), *pairs = NULL;
+        Py_ssize_t taken = 0, ran = 0;
+        int marked = 0;
+        PyObject *r = PyObject_CallMethodNoArgs(fut, str_done);
         int done = r == NULL ? -1 : PyObject_IsTrue(r);
         Py_XDECREF(r);
-        if (done != 0) {
+        if (done > 0) { /* cancelled, or woken otherwise */
             Py_DECREF(fut);
-            if (done < 0) { /* the rest plainly; plain_set_result() keeps the error */
-                for (Py_ssize_t j = i + 1; j < PyList_GET_SIZE(futures); j++)
-                    plain_set_result(PyList_GET_ITEM(futures, j));
-                goto error;
-            }
-            continue; /* cancelled, or woken otherwise */
+            continue;
         }
+        if (done < 0) goto error;
         pairs = callbacks_of(fut);
-        if (pairs == NULL && PyErr_Occurred()) goto error_fut;
-        for (; pairs != NULL && taken < PyList_GET_SIZE(pairs); taken++) {
-            PyObject *p = PyList_GET_ITEM(pairs, taken);
-            r = PyObject_CallMethodOneArg(fut, str_remove_done_callback, PyTuple_GET_ITEM(p, 0));
-            if (r == NULL) goto error_fut;
+        if (pairs == NULL) {
+            if (PyErr_Occurred()) goto error;
+            /* Callbacks that cannot be read that way: plain set_result(), which schedules them. */
+            r = PyObject_CallMethodOneArg(fut, str_set_result, Py_None);
+            if (r == NULL) goto error;
+            Py_DECREF(r);
+            Py_DECREF(fut);
+            continue;
+        }
+        for (; taken < PyList_GET_SIZE(pairs); taken++) {
+            r = PyObject_CallMethodOneArg(fut, str_remove_done_callback,
+                                          PyTuple_GET_ITEM(PyList_GET_ITEM(pairs, taken), 0));
+            if (r == NULL) goto error;
             Py_DECREF(r);
         }
         r = PyObject_CallMethodOneArg(fut, str_set_result, Py_None);
-        if (r == NULL) goto error_fut;
+        if (r == NULL) goto error;
         Py_DECREF(r);
-        for (Py_ssize_t j = 0; pairs != NULL && j < PyList_GET_SIZE(pairs); j++) {
-            PyObject *p = PyList_GET_ITEM(pairs, j);
-            PyObject *t = PyTuple_Pack(3, fut, PyTuple_GET_ITEM(p, 0), PyTuple_GET_ITEM(p, 1));
-            if (t == NULL || PyList_Append(out, t) < 0) {
-                Py_XDECREF(t);
-                goto error_fut;
+        marked = 1;
+        /* Its wake-ups, now, each in its context, as the loop would run them. */
+        while (ran < PyList_GET_SIZE(pairs)) {
+            PyObject *p = PyList_GET_ITEM(pairs, ran), *context = PyTuple_GET_ITEM(p, 1);
+            if (PyContext_Enter(context) < 0) goto error; /* it did not run */
+            r = PyObject_CallOneArg(PyTuple_GET_ITEM(p, 0), fut);
+            ran++;
+            int exited = PyContext_Exit(context);
+            if (r == NULL || exited < 0) {
+                Py_XDECREF(r);
+                goto error;
             }
-            Py_DECREF(t);
+            Py_DECREF(r);
         }
-        Py_XDECREF(pairs);
+        Py_DECREF(pairs);
         Py_DECREF(fut);
         continue;
-    error_fut:
-        /* Nobody may be lost: this future gets back the callbacks taken off it (so that it is
-         * as it was, and cancelling its task still works) and, like every future after it,
-         * plain set_result(); the wake-ups kept so far are scheduled one by one. Then the
-         * error propagates. */
-        {
+    error:
+        /* Nobody may be lost: this future is woken as set_result() would have woken it (its
+         * callbacks that have not run are scheduled), the rest of the crowd is handed to a new
+         * call of the loop, and the error propagates. */
+        if (!marked) {
+            unmark(fut, pairs, taken);
+        } else {
             PyObject *type, *value, *tb;
             PyErr_Fetch(&type, &value, &tb);
-            if (PyList_SetSlice(out, kept, PyList_GET_SIZE(out), NULL) < 0) PyErr_Clear();
-            /* Which were taken off: those no longer among its callbacks (by identity, which
-             * runs no Python), or if those cannot be read, those whose removal returned. */
-            PyObject *now = pairs != NULL ? callbacks_of(fut) : NULL;
-            if (now == NULL) PyErr_Clear();
-            for (Py_ssize_t j = 0; pairs != NULL && j < PyList_GET_SIZE(pairs); j++) {
-                PyObject *p = PyList_GET_ITEM(pairs, j), *cb = PyTuple_GET_ITEM(p, 0);
-                int gone = now == NULL ? j < taken : 1;
-                for (Py_ssize_t q = 0; now != NULL && q < PyList_GET_SIZE(now); q++)
-                    if (PyTuple_GET_ITEM(PyList_GET_ITEM(now, q), 0) == cb) gone = 0;
-                if (gone && call_in_context(fut, str_add_done_callback, cb, NULL,
-                                            PyTuple_GET_ITEM(p, 1)) < 0)
-                    PyErr_WriteUnraisable(fut);
+            for (Py_ssize_t j = ran; j < PyList_GET_SIZE(pairs); j++) {
+                PyObject *p = PyList_GET_ITEM(pairs, j);
+                if (call_soon_on(fut, PyTuple_GET_ITEM(p, 0), PyTuple_GET_ITEM(p, 1)) < 0)
+                    PyErr_WriteUnraisable(fut); /* the loop is closed */
             }
-            Py_XDECREF(now);
-            Py_XDECREF(pairs);
-            Py_DECREF(fut);
-            for (Py_ssize_t j = i; j < PyList_GET_SIZE(futures); j++)
-                plain_set_result(PyList_GET_ITEM(futures, j));
             PyErr_Restore(type, value, tb);
         }
-        goto error;
-    }
-    Py_DECREF(futures);
-    return out;
-error:
-    schedule_rest(out, 0); /* the wake-ups kept: as set_result() would have scheduled them */
-    Py_DECREF(out);
-    Py_DECREF(futures);
-    return NULL;
-}
-
-static PyObject *run_callbacks(PyObject *Py_UNUSED(module), PyObject *triples) {
-    if (!PyList_CheckExact(triples)) {
-        PyErr_Format(PyExc_TypeError, "run_callbacks() takes a list, not %.200s",
-                     Py_TYPE(triples)->tp_name);
+        hand_on(futures, i + 1, fut);
+        Py_XDECREF(pairs);
+        Py_DECREF(fut);
+        Py_DECREF(futures);
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(triples);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *t = PyList_GET_ITEM(triples, i);
-        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 3 ||
-            !PyContext_CheckExact(PyTuple_GET_ITEM(t, 2))) {
-            PyErr_SetString(PyExc_TypeError,
-                            "run_callbacks() takes (future, callback, context) triples");
-            return NULL;
-        }
-    }
-    Py_INCREF(triples);
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(triples); i++) {
-        PyObject *t = Py_NewRef(PyList_GET_ITEM(triples, i));
-        PyObject *context = PyTuple_GET_ITEM(t, 2);
-        int rc = PyContext_Enter(context), entered = rc == 0;
-        if (rc == 0) {
-            PyObject *r = PyObject_CallOneArg(PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 0));
-            if (PyContext_Exit(context) < 0 || r == NULL) rc = -1;
-            Py_XDECREF(r);
-        }
-        if (rc < 0) {
-            /* The rest go to a new call of the loop first: none is lost (this one too, if
-             * its context could not be entered, so that it did not run). */
-            Py_ssize_t from = entered ? i + 1 : i;
-            PyObject *rest = PyList_GetSlice(triples, from, PyList_GET_SIZE(triples));
-            if (rest == NULL) {
-                PyErr_Clear();
-                schedule_rest(triples, from);
-            }
-            if (rest != NULL && PyList_GET_SIZE(rest) > 0) {
-                PyObject *type, *value, *tb;
-                PyErr_Fetch(&type, &value, &tb);
-                PyObject *loop = PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(t, 0), str_get_loop);
-                PyObject *r = loop == NULL ? NULL
-                                           : PyObject_CallMethodObjArgs(loop, str_call_soon,
-                                                                        run_callbacks_fn, rest, NULL);
-                Py_XDECREF(loop);
-                if (r == NULL) { /* the loop is closed: one by one, as far as that goes */
-                    PyErr_Clear();
-                    schedule_rest(rest, 0);
-                }
-                Py_XDECREF(r);
-                PyErr_Restore(type, value, tb);
-            }
-            Py_XDECREF(rest);
-            Py_DECREF(t);
-            Py_DECREF(triples);
-            return NULL;
-        }
-        Py_DECREF(t);
-    }
-    Py_DECREF(triples);
+    Py_DECREF(futures);
     Py_RETURN_NONE;
 }
 
@@ -1192,15 +1159,13 @@ static PyMethodDef module_methods[] = {
      "checkpoint_query(stream, query, handle, history, /) -> Awaitable[float | None]: on "
      "asyncio, one bare yield then settle(): None if the stream was idle, else when the wait "
      "began (a perf_counter())."},
-    {"wake_futures", wake_futures, METH_O,
-     "wake_futures(futures, /) -> list: mark each asyncio future of the list that is not done "
-     "yet as done, as set_result(None) does, but take its done callbacks off first; return "
-     "them, in order, as (future, callback, context) triples for run_callbacks(). A future "
-     "whose callbacks cannot be read from `_callbacks` gets plain set_result(None)."},
-    {"run_callbacks", run_callbacks, METH_O,
-     "run_callbacks(triples, /): run each callback(future) of wake_futures()'s triples in its "
-     "context, in order (a callback of the loop runs it). If one raises, the rest go to a new "
-     "call_soon(run_callbacks, rest) first, and the error propagates."},
+    {"wake_in_turn", wake_in_turn, METH_O,
+     "wake_in_turn(futures, /): for each asyncio future of the list that is not done yet, in "
+     "order: take its done callbacks off, mark it done as set_result(None) does, and run those "
+     "callbacks at once, each in its context (a callback of the loop runs it). A future whose "
+     "callbacks cannot be read from `_callbacks` gets plain set_result(None). If anything "
+     "raises, that future is woken as set_result() would wake it, the rest go to a new "
+     "call_soon(wake_in_turn, rest), and the error propagates."},
     {"in_park_order", in_park_order, METH_O,
      "in_park_order(batches, /) -> list: the sleepers of a list of dicts {sleeper: place}, "
      "in the order of their places."},
@@ -1211,7 +1176,7 @@ static struct PyModuleDef hotpath_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "aiocudasem._hotpath",
     .m_doc = "The await's own steps in C: the running loop's notifier, the wait history, and "
-             "the two steps that wake a crowd of asyncio futures.",
+             "the one callback that wakes a crowd of asyncio futures.",
     .m_size = -1,
     .m_methods = module_methods,
 };
@@ -1259,7 +1224,7 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
         add_type(m, "History", &HistoryType) < 0 ||
         PyType_Ready(&CheckpointQueryType) < 0 ||
         PyModule_AddIntConstant(m, "PROBE_EVERY", PROBE_EVERY) < 0 ||
-        !(run_callbacks_fn = PyObject_GetAttrString(m, "run_callbacks"))) {
+        !(wake_in_turn_fn = PyObject_GetAttrString(m, "wake_in_turn"))) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,6 +1,6 @@
 import asyncio
 from collections.abc import Awaitable, Callable
-from contextvars import Context, ContextVar
+from contextvars import ContextVar
 from typing import Any, Final, Literal, TypeVar
 
 from ._notifier._points import Point
@@ -68,21 +68,13 @@ def checkpoint_query(
     """On asyncio: one bare yield, then :func:`settle`. None if the stream was idle, else when
     the wait began (a ``time.perf_counter()``)."""
 
-def wake_futures(
-    futures: list[asyncio.Future[Any]], /
-) -> list[tuple[asyncio.Future[Any], Callable[[asyncio.Future[Any]], object], Context]]:
-    """Mark each future of the list that is not done yet as done, as ``set_result(None)``
-    does, but take its done callbacks off first; return them, in order, as (future, callback,
-    context) triples for :func:`run_callbacks`. A future whose callbacks cannot be read from
-    ``_callbacks`` gets plain ``set_result(None)``."""
-
-def run_callbacks(
-    triples: list[tuple[asyncio.Future[Any], Callable[[asyncio.Future[Any]], object], Context]],
-    /,
-) -> None:
-    """Run each ``callback(future)`` of :func:`wake_futures`'s triples in its context, in
-    order: called by the loop, as a callback. If one raises, the rest go to a new
-    ``call_soon(run_callbacks, rest)`` first, and the error propagates."""
+def wake_in_turn(futures: list[asyncio.Future[Any]], /) -> None:
+    """For each future of the list that is not done yet, in order: take its done callbacks off,
+    mark it done as ``set_result(None)`` does, and run those callbacks at once, each in its
+    context: called by the loop, as a callback. A future whose callbacks cannot be read from
+    ``_callbacks`` gets plain ``set_result(None)``. If anything raises, that future is woken
+    as ``set_result()`` would wake it, the rest go to a new ``call_soon(wake_in_turn, rest)``,
+    and the error propagates."""
 
 def in_park_order(batches: list[dict[_K, int]], /) -> list[_K]:
     """The keys of a list of dicts ``{sleeper: place}``, in the order of their places (one dict

@@ -870,21 +870,20 @@ _FUTURES = [asyncio.Future, asyncio.futures._PyFuture]  # type: ignore[attr-defi
 
 @pytest.mark.parametrize("future", _FUTURES, ids=["c-future", "py-future"])
 @pytest.mark.parametrize("new_loop", _loops(), ids=["asyncio", "uvloop"])
-def test_a_woken_crowd_is_done_at_once_and_resumes_in_order_inside_one_callback(
-    new_loop: Any, future: Any
-) -> None:
-    """wake_futures() marks each future done at once, as set_result() does, and schedules
-    nothing; run_callbacks() then resumes the tasks in the list's order, each in its own
-    context, before it returns. Futures done already (cancelled, or woken otherwise) and
-    futures that nobody awaits are skipped."""
+def test_a_woken_crowd_resumes_in_order_inside_one_callback(new_loop: Any, future: Any) -> None:
+    """wake_in_turn() takes the futures in the list's order: each is marked done as
+    set_result() does, and its task resumes at once, in its own context, before the next future
+    is marked, all inside the one callback; nothing is scheduled. Futures done already
+    (cancelled, or woken otherwise) and futures that nobody awaits are skipped."""
     cvar: contextvars.ContextVar[str] = contextvars.ContextVar("cvar", default="unset")
 
-    async def main() -> tuple[list[int], list[bool], list[str], list[int]]:
+    async def main() -> tuple[list[int], list[bool], list[str], list[list[int]], list[int]]:
         loop = asyncio.get_running_loop()
         futures = [future(loop=loop) for _ in range(7)]
         order: list[int] = []
         inside: list[bool] = []
         contexts: list[str] = []
+        pending: list[list[int]] = []  # the futures still pending as each task resumes
         running = False
 
         async def sleep(i: int) -> None:
@@ -893,65 +892,75 @@ def test_a_woken_crowd_is_done_at_once_and_resumes_in_order_inside_one_callback(
             order.append(i)
             inside.append(running)
             contexts.append(cvar.get())
+            pending.append([j for j, f in enumerate(futures) if not f.done()])
 
         tasks = [asyncio.create_task(sleep(i)) for i in range(6)]  # the 7th: nobody awaits
         await asyncio.sleep(0)
         tasks[4].cancel()
         futures[2].set_result(None)  # woken otherwise: through call_soon()
-        wake_ups = _hotpath.wake_futures([futures[i] for i in (6, 5, 3, 4, 2, 1, 0)])
-        assert all(f.done() for f in futures)
-        assert [f.cancelled() for f in futures] == [False] * 4 + [True] + [False] * 2
-        assert [t[0] for t in wake_ups] == [futures[i] for i in (5, 3, 1, 0)]
-        await asyncio.sleep(0)
-        assert order == [2]  # nothing else was scheduled
 
-        def run(triples: Any) -> None:
+        def run(futs: Any) -> None:
             nonlocal running
             running = True
             try:
-                _hotpath.run_callbacks(triples)
+                assert _hotpath.wake_in_turn(futs) is None
             finally:
                 running = False
 
-        loop.call_soon(run, wake_ups)
+        crowd = [futures[i] for i in (6, 5, 3, 4, 2, 1, 0)]
+        loop.call_soon(run, crowd)
         done = await asyncio.gather(*tasks, return_exceptions=True)
-        return order, inside, contexts, [i for i, d in enumerate(done) if d is not None]
+        assert all(f.done() for f in futures)
+        assert [f.cancelled() for f in futures] == [False] * 4 + [True] + [False] * 2
+        return order, inside, contexts, pending, [i for i, d in enumerate(done) if d is not None]
 
-    order, inside, contexts, failed = _run(main, new_loop)
+    order, inside, contexts, pending, failed = _run(main, new_loop)
     assert order == [2, 5, 3, 1, 0]
     assert inside == [False, True, True, True, True]
     assert contexts == ["task 2", "task 5", "task 3", "task 1", "task 0"]
+    # Each future is marked as its turn comes: later ones are still pending.
+    assert pending[1:] == [[0, 1, 3], [0, 1], [0], []]
     assert failed == [4]
 
 
-def test_a_woken_crowd_is_cancelled_as_woken_futures_are() -> None:
-    """A task whose future wake_futures() marked done, cancelled before run_callbacks()
-    resumes it, raises CancelledError at its await, as after set_result(); the others
-    return."""
+def test_a_task_of_a_woken_crowd_cancelled_before_its_turn_raises_and_is_skipped() -> None:
+    """A task cancelled before its turn, from outside or by a task of the same crowd that
+    resumed before it, has its future cancelled and raises CancelledError at its await, as
+    with set_result(); its turn skips it, and the others return."""
 
     async def main() -> list[Any]:
         loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in range(3)]
-        tasks = [asyncio.create_task(_await(f)) for f in futures]
+        futures = [loop.create_future() for _ in range(4)]
+        tasks: list[asyncio.Task[None]] = []
+
+        async def first() -> None:
+            await futures[0]
+            tasks[2].cancel()  # a later task of the same crowd
+
+        tasks.append(asyncio.create_task(first()))
+        tasks.extend(asyncio.create_task(_await(f)) for f in futures[1:])
         await asyncio.sleep(0)
-        wake_ups = _hotpath.wake_futures(futures)
-        assert tasks[1].cancel()  # its future is done: the task is cancelled when it runs
-        loop.call_soon(_hotpath.run_callbacks, wake_ups)
-        return await asyncio.gather(*tasks, return_exceptions=True)
+        loop.call_soon(_hotpath.wake_in_turn, futures)
+        assert tasks[3].cancel()  # before the crowd's callback runs
+        res = await asyncio.gather(*tasks, return_exceptions=True)
+        assert futures[2].cancelled() and futures[3].cancelled()
+        return res
 
     res = asyncio.run(main())
-    assert res[0] is None and res[2] is None
-    assert isinstance(res[1], asyncio.CancelledError)
+    assert res[0] is None and res[1] is None
+    assert isinstance(res[2], asyncio.CancelledError)
+    assert isinstance(res[3], asyncio.CancelledError)
 
 
 async def _await(f: Any) -> None:
     await f
 
 
-def test_run_callbacks_hands_on_the_rest_when_one_raises() -> None:
-    """A callback that raises propagates out of run_callbacks(), after the ones after it are
-    handed to a new call of the loop: none is lost. Bad input raises TypeError, and a future
-    whose callbacks cannot be read is woken with plain set_result()."""
+def test_wake_in_turn_hands_on_the_rest_when_a_wake_up_raises() -> None:
+    """A callback that raises propagates out of wake_in_turn(), after its future's callbacks
+    that have not run are scheduled and the futures after it handed to a new call of the loop:
+    none is lost. Bad input raises TypeError, and a future whose callbacks cannot be read is
+    woken with plain set_result()."""
 
     async def main() -> list[str]:
         loop = asyncio.get_running_loop()
@@ -964,17 +973,16 @@ def test_run_callbacks_hands_on_the_rest_when_one_raises() -> None:
             raise KeyError("boom")
 
         futures[1].add_done_callback(boom)
+        futures[1].add_done_callback(lambda f: calls.append("after boom"))
         futures[2].add_done_callback(lambda f: calls.append("third"))
-        wake_ups = _hotpath.wake_futures(futures)
         with pytest.raises(KeyError):
-            _hotpath.run_callbacks(wake_ups)  # plain callbacks: no task to enter
+            _hotpath.wake_in_turn(futures)  # plain callbacks: no task to enter
         assert calls == ["first", "boom"]
+        assert futures[1].done() and not futures[2].done()
         await asyncio.sleep(0)
-        assert calls == ["first", "boom", "third"]
+        assert calls == ["first", "boom", "after boom", "third"]
         with pytest.raises(TypeError):
-            _hotpath.run_callbacks([(futures[0], print)])  # type: ignore[list-item]
-        with pytest.raises(TypeError):
-            _hotpath.wake_futures((futures[0],))  # type: ignore[arg-type]
+            _hotpath.wake_in_turn((futures[0],))  # type: ignore[arg-type]
 
         class Plain:
             """A future-like object without _callbacks."""
@@ -989,11 +997,11 @@ def test_run_callbacks_hands_on_the_rest_when_one_raises() -> None:
                 self.result = r
 
         plain = Plain()
-        assert _hotpath.wake_futures([plain]) == []  # type: ignore[list-item]
+        _hotpath.wake_in_turn([plain])  # type: ignore[list-item]
         assert plain.result is None
         return calls
 
-    assert asyncio.run(main()) == ["first", "boom", "third"]
+    assert asyncio.run(main()) == ["first", "boom", "after boom", "third"]
 
 
 def test_waking_a_crowd_keeps_reference_counts() -> None:
@@ -1010,12 +1018,31 @@ def test_waking_a_crowd_keeps_reference_counts() -> None:
             futures = [loop.create_future() for _ in range(5)]
             for f in futures:
                 f.add_done_callback(cb)
-            wake_ups = _hotpath.wake_futures(futures)
-            _hotpath.run_callbacks(wake_ups)
-            del wake_ups, futures, f
+            _hotpath.wake_in_turn(futures)
+            del futures, f
         assert sys.getrefcount(cb) == before
 
-    asyncio.run(main())
+        def boom(_f: object) -> None:
+            raise KeyError("boom")
+
+        before = sys.getrefcount(boom)
+        for _ in range(50):
+            futures = [loop.create_future() for _ in range(3)]
+            for f in futures:
+                f.add_done_callback(boom)
+            with pytest.raises(KeyError):
+                _hotpath.wake_in_turn(futures)
+            del futures, f
+        await asyncio.sleep(0.01)  # the rest, handed on, raise into the loop's handler
+        gc.collect()  # the tracebacks' frames hold the function
+        assert sys.getrefcount(boom) == before
+
+    loop = asyncio.new_event_loop()
+    loop.set_exception_handler(lambda _loop, _ctx: None)
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
 
 
 def test_in_park_order_merges_the_batches_of_a_crowd_by_place() -> None:
@@ -1081,11 +1108,11 @@ def test_in_park_order_survives_a_finalizer_that_shrinks_a_batch() -> None:
     assert all(o is not None for o in out) and len(out) in (5, 6)
 
 
-def test_wake_futures_wakes_every_future_even_when_one_fails() -> None:
-    """An error while one future is woken (here a callback whose __eq__ raises, while its
-    task's wake-up is taken off) propagates, but nobody is lost: that future gets its
-    callbacks back and plain set_result(), like every future after it, and what was kept is
-    scheduled."""
+def test_wake_in_turn_wakes_every_future_even_when_one_fails() -> None:
+    """An error while one future is marked (here a callback whose __eq__ raises, while its
+    task's wake-up is taken off) propagates, but nobody is lost: the tasks before it have
+    resumed, that future gets its callbacks back and plain set_result(), and the futures after
+    it are handed to a new call of the loop."""
 
     class Bad:
         def __call__(self, _f: object) -> None:
@@ -1100,6 +1127,8 @@ def test_wake_futures_wakes_every_future_even_when_one_fails() -> None:
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in range(3)]
         out: dict[int, str] = {}
+        errors: list[BaseException | None] = []
+        loop.set_exception_handler(lambda _loop, ctx: errors.append(ctx.get("exception")))
 
         async def wait(i: int) -> None:
             await futures[i]
@@ -1108,11 +1137,18 @@ def test_wake_futures_wakes_every_future_even_when_one_fails() -> None:
         tasks = [asyncio.create_task(wait(i)) for i in range(3)]
         await asyncio.sleep(0)
         futures[1].add_done_callback(Bad())
-        with pytest.raises(RuntimeError, match="eq"):
-            _hotpath.wake_futures(futures)
-        assert all(f.done() for f in futures)
+
+        def run() -> None:
+            try:
+                _hotpath.wake_in_turn(futures)
+            finally:
+                assert out == {0: "woke"}
+                assert futures[1].done() and not futures[2].done()
+
+        loop.call_soon(run)
         with anyio.fail_after(5):
             await asyncio.gather(*tasks)
+        assert len(errors) == 1 and isinstance(errors[0], RuntimeError)
         return out
 
     assert asyncio.run(main()) == {0: "woke", 1: "woke", 2: "woke"}

@@ -11,13 +11,13 @@ loop: awaiting it resumes no Python frame. On trio it is the task itself, parked
 A crowd, the sleepers of the points that one batch of completions finished, is woken by
 :func:`crowd_waker`'s function, in the order in which its coroutines parked. On asyncio,
 ``set_result()`` on each future would schedule each task's wake-up with the loop's
-``call_soon()``: a handle of the loop per task (about 1-1.5 us on an H200 host, all of it paid
-before the first coroutine resumes), which the loop then runs. Instead
-``_hotpath.wake_futures()`` marks every future done at once, as ``set_result()`` does, with its
-callbacks taken off, and one callback of the loop, ``_hotpath.run_callbacks()``, runs the
-tasks' wake-ups in turn. The futures stay the loop's own, so that what looks at a task's future
-(anyio's cancel scopes, ``Task.cancel()``) sees what it would after ``set_result()``. Elsewhere
-each sleeper is woken in turn.
+``call_soon()``: a handle of the loop per task (about 1-1.5 us on an H200 host), all of them
+made before the first coroutine resumes, which the loop then runs. Instead one callback of the
+loop, ``_hotpath.wake_in_turn()``, takes each future in turn: it marks it done, as
+``set_result()`` does, with its callbacks taken off, and runs its task's wake-up at once; then
+the next. The futures stay the loop's own, so that what looks at a task's future (anyio's
+cancel scopes, ``Task.cancel()``) sees what it would with ``set_result()``: pending until its
+turn, done after it. Elsewhere each sleeper is woken in turn.
 
 Both are cancellable as the loop's own primitives are: a cancelled asyncio task cancels the
 future it awaits (which is then done), and a cancelled trio task is aborted (and its sleeper
@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._hotpath import run_callbacks, wake_futures
+from .._hotpath import wake_in_turn
 
 if TYPE_CHECKING:
     from anyio.abc import AsyncBackend
@@ -63,16 +63,15 @@ def sleeper_factory(
 
 def crowd_waker(library: str | None, token: object) -> Callable[[list[Sleeper]], None]:
     """A function that wakes a crowd: the sleepers of a list, in its order, skipping those
-    that are done (cancelled, or woken otherwise). On asyncio it marks them all done and
-    schedules one callback of the loop, which runs their tasks' wake-ups in turn; elsewhere it
-    wakes each in turn."""
+    that are done (cancelled, or woken otherwise). On asyncio it schedules one callback of the
+    loop, which marks each future done and runs its task's wake-up, in turn; elsewhere it wakes
+    each in turn."""
     if library == "asyncio":
         call_soon = token.call_soon  # type: ignore[attr-defined]
 
         def wake_asyncio(sleepers: list[Sleeper]) -> None:
-            wake_ups = wake_futures(sleepers)  # type: ignore[arg-type]
-            if wake_ups:
-                call_soon(run_callbacks, wake_ups)
+            if sleepers:
+                call_soon(wake_in_turn, sleepers)
 
         return wake_asyncio
     return wake
