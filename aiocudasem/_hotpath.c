@@ -490,19 +490,23 @@ static PyObject *History_learn(HistoryObject *h, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-static PyObject *History_spin_window(HistoryObject *h, PyObject *Py_UNUSED(ignored)) {
+static double spin_window(HistoryObject *h) {
     double limit = spin_limit, recent = h->recent;
-    if (recent < 0) return PyFloat_FromDouble(limit);
+    if (recent < 0) return limit;
     if (recent > limit) {
         if (h->unspun < PROBE_EVERY - 1) { /* also for any value set from outside */
             h->unspun++;
-            return PyFloat_FromDouble(0.0);
+            return 0.0;
         }
         h->unspun = 0;
-        return PyFloat_FromDouble(limit);
+        return limit;
     }
     double window = 2.0 * recent + 20e-6;
-    return PyFloat_FromDouble(window < limit ? window : limit);
+    return window < limit ? window : limit;
+}
+
+static PyObject *History_spin_window(HistoryObject *h, PyObject *Py_UNUSED(ignored)) {
+    return PyFloat_FromDouble(spin_window(h));
 }
 
 static int History_traverse(HistoryObject *h, visitproc visit, void *arg) {
@@ -842,6 +846,409 @@ static PyTypeObject CheckpointQueryType = {
     .tp_dealloc = (destructor)CheckpointQuery_dealloc,
 };
 
+/* ------------------------------------------------------------------ the event path (asyncio) */
+
+/* What Stream.wait_complete() does on asyncio when its first query finds the stream busy and
+ * no parked point of the stream may be shared (see Notifier.wait_recorded(), whose spin phase
+ * this is): take a pooled event and record it on the stream, then query the event between bare
+ * yields until it is done or the stream's spin window has passed. The event covers what the
+ * stream held at the record, so the wait covers at most the work enqueued during its first
+ * checkpoint besides, as with Python's event path. Python counts the spinner (max_spinners)
+ * and the completed wait around the await, and parks on the event if the window passes.
+ *
+ * The wait passed its checkpoint already, so a yield of the spin serves only the loop's other
+ * work. Given the loop's queue of ready callbacks (asyncio's `_ready`; None where the loop has
+ * none to read, as uvloop), the spin queries again without yielding while that queue is empty,
+ * for up to IDLE_SPIN seconds per step: a pass of an idle loop (a selector poll and the task's
+ * own step, 1.7-2.3 us on an H200 host) would only delay the query that sees the work done.
+ * Anything that becomes ready meanwhile (a callback from another thread, a task woken) makes
+ * the spin yield at its next query; I/O and timers are polled at most IDLE_SPIN later. */
+
+#define IDLE_SPIN 20e-6
+
+/* The pool's size limit (_EventPool._LIMIT), handed over by _pools as the spin limit is. */
+static Py_ssize_t pool_limit = 0;
+
+static PyObject *str_event_create, *str_event_record, *str_event_query, *str_event_destroy;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *driver, *pool, *history, *query, *event;
+    PyObject *ready; /* the loop's queue of ready callbacks, or NULL: see IDLE_SPIN */
+    double started, recorded, deadline;
+    int state; /* 0: recorded, not yet stepped; 1: spinning (yielded); 2: finished */
+} SpinRecordedObject;
+
+static PyTypeObject SpinRecordedType;
+
+/* The event back to its pool, or destroyed if the pool is full (give_back()): 0, or -1 with an
+ * error set. The object no longer holds it either way. */
+static int give_event_back(SpinRecordedObject *c) {
+    PyObject *event = c->event;
+    if (event == NULL) return 0;
+    c->event = NULL;
+    int rc;
+    if (c->pool != NULL && PyList_GET_SIZE(c->pool) < pool_limit) {
+        rc = PyList_Append(c->pool, event);
+    } else if (c->driver != NULL) {
+        PyObject *r = PyObject_CallMethodOneArg(c->driver, str_event_destroy, event);
+        rc = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+    } else {
+        rc = 0; /* cleared by the collector: nothing left to give it back to */
+    }
+    Py_DECREF(event);
+    return rc;
+}
+
+/* As give_event_back(), keeping the error that is set; its own error is reported as
+ * unraisable. */
+static void give_event_back_quietly(SpinRecordedObject *c) {
+    if (c->event == NULL) return;
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *exc = PyErr_GetRaisedException();
+    if (give_event_back(c) < 0) PyErr_WriteUnraisable(NULL);
+    PyErr_SetRaisedException(exc);
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (give_event_back(c) < 0) PyErr_WriteUnraisable(NULL);
+    PyErr_Restore(type, value, tb);
+#endif
+}
+
+static PyTypeObject *deque_type; /* collections.deque */
+
+/* spin_recorded(driver, device, pool, handle, history, started, ready): the event is taken and
+ * recorded now, at the call; the awaitable then spins on it. */
+static PyObject *spin_recorded(PyObject *Py_UNUSED(module), PyObject *const *args,
+                               Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "spin_recorded() takes 7 positional arguments, got %zd",
+                     nargs);
+        return NULL;
+    }
+    PyObject *ready = args[6];
+    if (ready == Py_None) {
+        ready = NULL;
+    } else if (!Py_IS_TYPE(ready, deque_type)) {
+        PyErr_Format(PyExc_TypeError,
+                     "spin_recorded(): ready must be a collections.deque or None, not %.100s",
+                     Py_TYPE(ready)->tp_name);
+        return NULL;
+    }
+    PyObject *driver = args[0], *device = args[1], *pool = args[2], *handle = args[3];
+    if (!PyList_CheckExact(pool)) {
+        PyErr_Format(PyExc_TypeError, "spin_recorded(): pool must be a list, not %.100s",
+                     Py_TYPE(pool)->tp_name);
+        return NULL;
+    }
+    if (!Py_IS_TYPE(args[4], &HistoryType)) {
+        PyErr_Format(PyExc_TypeError, "spin_recorded(): history must be a History, not %.100s",
+                     Py_TYPE(args[4])->tp_name);
+        return NULL;
+    }
+    double started = PyFloat_AsDouble(args[5]);
+    if (started == -1.0 && PyErr_Occurred()) return NULL;
+    PyObject *query = PyObject_GetAttr(driver, str_event_query);
+    if (query == NULL) return NULL;
+    /* take_event(): a free one, else a new one */
+    PyObject *event;
+    Py_ssize_t n = PyList_GET_SIZE(pool);
+    if (n > 0) {
+        event = Py_NewRef(PyList_GET_ITEM(pool, n - 1));
+        if (PyList_SetSlice(pool, n - 1, n, NULL) < 0) {
+            Py_DECREF(event);
+            Py_DECREF(query);
+            return NULL;
+        }
+    } else {
+        event = PyObject_CallMethodOneArg(driver, str_event_create, device);
+        if (event == NULL) {
+            Py_DECREF(query);
+            return NULL;
+        }
+    }
+    PyObject *record_args[3] = {driver, event, handle};
+    PyObject *r = PyObject_VectorcallMethod(str_event_record, record_args,
+                                            3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (r == NULL) { /* record_pooled(): the event goes back, the error propagates */
+#if PY_VERSION_HEX >= 0x030C0000
+        PyObject *exc = PyErr_GetRaisedException();
+        if (PyList_Append(pool, event) < 0) PyErr_WriteUnraisable(pool);
+        PyErr_SetRaisedException(exc);
+#else
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (PyList_Append(pool, event) < 0) PyErr_WriteUnraisable(pool);
+        PyErr_Restore(type, value, tb);
+#endif
+        Py_DECREF(event);
+        Py_DECREF(query);
+        return NULL;
+    }
+    Py_DECREF(r);
+    SpinRecordedObject *c = PyObject_GC_New(SpinRecordedObject, &SpinRecordedType);
+    if (c == NULL) {
+        if (PyList_Append(pool, event) < 0) PyErr_WriteUnraisable(pool);
+        Py_DECREF(event);
+        Py_DECREF(query);
+        return NULL;
+    }
+    c->driver = Py_NewRef(driver);
+    c->pool = Py_NewRef(pool);
+    c->history = Py_NewRef(args[4]);
+    c->query = query;
+    c->event = event;
+    c->ready = Py_XNewRef(ready);
+    c->started = started;
+    c->recorded = perf_counter(); /* nothing ran since the record: see wait_recorded() */
+    c->deadline = started;
+    c->state = 0;
+    PyObject_GC_Track(c);
+    return (PyObject *)c;
+}
+
+static int SpinRecorded_traverse(SpinRecordedObject *c, visitproc visit, void *arg) {
+    Py_VISIT(c->driver);
+    Py_VISIT(c->pool);
+    Py_VISIT(c->history);
+    Py_VISIT(c->query);
+    Py_VISIT(c->event);
+    Py_VISIT(c->ready);
+    return 0;
+}
+
+static int SpinRecorded_clear(SpinRecordedObject *c) {
+    Py_CLEAR(c->driver);
+    Py_CLEAR(c->pool);
+    Py_CLEAR(c->history);
+    Py_CLEAR(c->query);
+    Py_CLEAR(c->event);
+    Py_CLEAR(c->ready);
+    return 0;
+}
+
+static void SpinRecorded_dealloc(SpinRecordedObject *c) {
+    PyObject_GC_UnTrack(c);
+    /* Never finished nor closed: the event still goes back (give_event_back() does not use
+     * the object itself beyond its fields). */
+    give_event_back_quietly(c);
+    SpinRecorded_clear(c);
+    PyObject_GC_Del(c);
+}
+
+/* Whether the loop has nothing else ready to run: the spin may query again without yielding
+ * (see IDLE_SPIN). Never for a loop whose queue it was not given. */
+static int loop_idle(SpinRecordedObject *c) {
+    return c->ready != NULL && PyObject_Size(c->ready) == 0;
+}
+
+/* The wait ends without its event being done: (event, recorded) for the park, the event now
+ * the caller's. */
+static PySendResult hand_over(SpinRecordedObject *c, PyObject **result) {
+    c->state = 2;
+    PyObject *recorded = PyFloat_FromDouble(c->recorded);
+    if (recorded == NULL) {
+        give_event_back_quietly(c);
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
+    *result = PyTuple_Pack(2, c->event, recorded);
+    Py_DECREF(recorded);
+    if (*result == NULL) {
+        give_event_back_quietly(c);
+        return PYGEN_ERROR;
+    }
+    Py_CLEAR(c->event);
+    return PYGEN_RETURN;
+}
+
+/* One step: PYGEN_NEXT with None (a yield), PYGEN_RETURN with None (the event is done, the
+ * history learnt how long the wait took, the event went back) or with (event, recorded) (the
+ * spin window passed, or there was none), or PYGEN_ERROR (the event went back). */
+static PySendResult SpinRecorded_step(SpinRecordedObject *c, PyObject **result) {
+    if (c->state == 2) {
+        *result = Py_NewRef(Py_None);
+        return PYGEN_RETURN;
+    }
+    if (c->event == NULL || c->history == NULL) { /* cleared by the collector while suspended */
+        c->state = 2;
+        PyErr_SetString(PyExc_RuntimeError, "a cleared spin_recorded() was resumed");
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
+    double step = perf_counter();
+    if (c->state == 0) {
+        double window = spin_window((HistoryObject *)c->history);
+        if (!(window > 0.0)) return hand_over(c, result);
+        c->deadline = c->started + window;
+        c->state = 1;
+        if (!loop_idle(c)) {
+            *result = Py_NewRef(Py_None);
+            return PYGEN_NEXT;
+        }
+    }
+    for (;;) {
+        PyObject *args[1] = {c->event};
+        PyObject *r = PyObject_Vectorcall(c->query, args, 1, NULL);
+        int done = r == NULL ? -1 : r == Py_True ? 1 : r == Py_False ? 0 : PyObject_IsTrue(r);
+        Py_XDECREF(r);
+        if (done < 0) {
+            c->state = 2;
+            give_event_back_quietly(c);
+            *result = NULL;
+            return PYGEN_ERROR;
+        }
+        double now = perf_counter();
+        if (done) {
+            c->state = 2;
+            learn((HistoryObject *)c->history, now - c->started);
+            if (give_event_back(c) < 0) {
+                *result = NULL;
+                return PYGEN_ERROR;
+            }
+            *result = Py_NewRef(Py_None);
+            return PYGEN_RETURN;
+        }
+        if (now >= c->deadline) return hand_over(c, result);
+        if (now - step >= IDLE_SPIN || !loop_idle(c)) break;
+    }
+    *result = Py_NewRef(Py_None);
+    return PYGEN_NEXT;
+}
+
+static PySendResult SpinRecorded_send(SpinRecordedObject *c, PyObject *Py_UNUSED(arg),
+                                      PyObject **result) {
+    return SpinRecorded_step(c, result);
+}
+
+/* next(), and send(value) as a generator has it: a StopIteration carries the await's value. */
+static PyObject *SpinRecorded_next(SpinRecordedObject *c) {
+    PyObject *r;
+    PySendResult s = SpinRecorded_step(c, &r);
+    if (s == PYGEN_NEXT) return r;
+    if (s == PYGEN_RETURN) {
+        if (r != Py_None) { /* a tuple: wrapped, or StopIteration would take it as its args */
+            PyObject *stop = PyObject_CallOneArg(PyExc_StopIteration, r);
+            if (stop != NULL) {
+                PyErr_SetObject(PyExc_StopIteration, stop);
+                Py_DECREF(stop);
+            }
+        }
+        Py_DECREF(r);
+    } else {
+        stop_iteration_to_runtime_error();
+    }
+    return NULL;
+}
+
+static PyObject *SpinRecorded_send_method(SpinRecordedObject *c, PyObject *Py_UNUSED(value)) {
+    PyObject *r = SpinRecorded_next(c);
+    if (r == NULL && !PyErr_Occurred()) PyErr_SetNone(PyExc_StopIteration);
+    return r;
+}
+
+/* throw(exc) or throw(type[, value[, traceback]]): the wait ends with that error (a
+ * cancellation, usually); the event goes back first. */
+static PyObject *SpinRecorded_throw(SpinRecordedObject *c, PyObject *const *args,
+                                    Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 3) {
+        PyErr_Format(PyExc_TypeError, "throw() takes 1 to 3 arguments, got %zd", nargs);
+        return NULL;
+    }
+    c->state = 2;
+    if (give_event_back(c) < 0) PyErr_WriteUnraisable(NULL);
+    PyObject *typ = args[0], *val = nargs > 1 ? args[1] : Py_None,
+             *tb = nargs > 2 ? args[2] : Py_None;
+    if (PyExceptionInstance_Check(typ)) {
+        if (val != Py_None) {
+            PyErr_SetString(PyExc_TypeError, "instance exception may not have a separate value");
+            return NULL;
+        }
+        val = typ;
+        typ = (PyObject *)Py_TYPE(typ);
+        PyErr_SetObject(typ, val);
+    } else if (PyExceptionClass_Check(typ)) {
+        if (val == Py_None)
+            PyErr_SetNone(typ);
+        else
+            PyErr_SetObject(typ, val);
+    } else {
+        PyErr_Format(PyExc_TypeError,
+                     "exceptions must be classes or instances deriving from BaseException, "
+                     "not %.100s",
+                     Py_TYPE(typ)->tp_name);
+        return NULL;
+    }
+    if (tb != Py_None) {
+        if (!PyTraceBack_Check(tb)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "throw() third argument must be a traceback object");
+            return NULL;
+        }
+#if PY_VERSION_HEX >= 0x030C0000
+        PyObject *exc = PyErr_GetRaisedException();
+        PyException_SetTraceback(exc, tb);
+        PyErr_SetRaisedException(exc);
+#else
+        PyObject *t, *v, *old;
+        PyErr_Fetch(&t, &v, &old);
+        PyErr_NormalizeException(&t, &v, &old);
+        Py_XDECREF(old);
+        PyErr_Restore(t, v, Py_NewRef(tb));
+#endif
+    }
+    return NULL;
+}
+
+static PyObject *SpinRecorded_close(SpinRecordedObject *c, PyObject *Py_UNUSED(ignored)) {
+    c->state = 2;
+    if (give_event_back(c) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef SpinRecorded_methods[] = {
+    {"send", (PyCFunction)SpinRecorded_send_method, METH_O,
+     "send(value): as next(); the value is ignored."},
+    {"throw", (PyCFunction)(void (*)(void))SpinRecorded_throw, METH_FASTCALL,
+     "throw(exc): give the event back, and raise exc."},
+    {"close", (PyCFunction)SpinRecorded_close, METH_NOARGS,
+     "close(): end now, giving the event back."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyAsyncMethods SpinRecorded_async = {
+    .am_await = CheckpointQuery_self,
+    .am_send = (sendfunc)SpinRecorded_send,
+};
+
+static PyTypeObject SpinRecordedType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aiocudasem._hotpath.SpinRecorded",
+    .tp_basicsize = sizeof(SpinRecordedObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "An asyncio wait on a pooled event just recorded (see spin_recorded()).",
+    .tp_as_async = &SpinRecorded_async,
+    .tp_iter = CheckpointQuery_self,
+    .tp_iternext = (iternextfunc)SpinRecorded_next,
+    .tp_methods = SpinRecorded_methods,
+    .tp_traverse = (traverseproc)SpinRecorded_traverse,
+    .tp_clear = (inquiry)SpinRecorded_clear,
+    .tp_dealloc = (destructor)SpinRecorded_dealloc,
+};
+
+static PyObject *set_pool_limit(PyObject *Py_UNUSED(module), PyObject *arg) {
+    Py_ssize_t limit = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (limit == -1 && PyErr_Occurred()) return NULL;
+    if (limit < 0) {
+        PyErr_Format(PyExc_ValueError, "the pool limit must be >= 0, got %R", arg);
+        return NULL;
+    }
+    pool_limit = limit;
+    Py_RETURN_NONE;
+}
+
 static PyObject *set_spin_limit(PyObject *Py_UNUSED(module), PyObject *arg) {
     double limit = PyFloat_AsDouble(arg);
     if (limit == -1.0 && PyErr_Occurred()) return NULL;
@@ -1159,6 +1566,19 @@ static PyMethodDef module_methods[] = {
      "checkpoint_query(stream, query, handle, history, /) -> Awaitable[float | None]: on "
      "asyncio, one bare yield then settle(): None if the stream was idle, else when the wait "
      "began (a perf_counter())."},
+    {"spin_recorded", (PyCFunction)(void (*)(void))spin_recorded, METH_FASTCALL,
+     "spin_recorded(driver, device, pool, handle, history, started, ready, /) -> "
+     "Awaitable[tuple[int, float] | None]: on asyncio, after the first query of "
+     "stream.wait_complete() found the stream busy: take an event from `pool` (or "
+     "driver.event_create(device)) and record it on `handle` now; awaited, query it between "
+     "bare yields while the history's spin window from `started` lasts, and without yielding "
+     "for up to IDLE_SPIN seconds at a time while the deque `ready` (the loop's ready "
+     "callbacks; None: never) is empty. None once the event is "
+     "done (the history learnt how long the wait took; the event went back); else "
+     "(event, recorded), the event now the caller's to park on, recorded at that "
+     "perf_counter(). An error or a throw() gives the event back."},
+    {"set_pool_limit", set_pool_limit, METH_O,
+     "set_pool_limit(n): how many free events a pool keeps (_EventPool._LIMIT)."},
     {"wake_in_turn", wake_in_turn, METH_O,
      "wake_in_turn(futures, /): for each asyncio future of the list that is not done yet, in "
      "order: take its done callbacks off, mark it done as set_result(None) does, and run those "
@@ -1218,12 +1638,27 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     if (!(str_get_loop = PyUnicode_InternFromString("get_loop"))) return NULL;
     if (!(str_add_done_callback = PyUnicode_InternFromString("add_done_callback"))) return NULL;
     if (!(context_kwnames = Py_BuildValue("(s)", "context"))) return NULL;
+    PyObject *collections = PyImport_ImportModule("collections");
+    if (collections == NULL) return NULL;
+    deque_type = (PyTypeObject *)PyObject_GetAttrString(collections, "deque");
+    Py_DECREF(collections);
+    if (deque_type == NULL) return NULL;
+    if (!PyType_Check(deque_type)) {
+        PyErr_SetString(PyExc_TypeError, "collections.deque is not a type");
+        return NULL;
+    }
+    if (!(str_event_create = PyUnicode_InternFromString("event_create"))) return NULL;
+    if (!(str_event_record = PyUnicode_InternFromString("event_record"))) return NULL;
+    if (!(str_event_query = PyUnicode_InternFromString("event_query"))) return NULL;
+    if (!(str_event_destroy = PyUnicode_InternFromString("event_destroy"))) return NULL;
     PyObject *m = PyModule_Create(&hotpath_module);
     if (m == NULL) return NULL;
     if (add_type(m, "LoopCheck", &LoopCheckType) < 0 || add_type(m, "Finder", &FinderType) < 0 ||
         add_type(m, "History", &HistoryType) < 0 ||
         PyType_Ready(&CheckpointQueryType) < 0 ||
+        PyType_Ready(&SpinRecordedType) < 0 ||
         PyModule_AddIntConstant(m, "PROBE_EVERY", PROBE_EVERY) < 0 ||
+        PyModule_AddObject(m, "IDLE_SPIN", PyFloat_FromDouble(IDLE_SPIN)) < 0 ||
         !(wake_in_turn_fn = PyObject_GetAttrString(m, "wake_in_turn"))) {
         Py_DECREF(m);
         return NULL;

@@ -1,4 +1,5 @@
 import asyncio
+import collections
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, Final, Literal, TypeVar
@@ -9,6 +10,10 @@ _K = TypeVar("_K")
 
 PROBE_EVERY: Final[int]
 """A stream whose waits are long still spins on one wait in this many."""
+
+IDLE_SPIN: Final[float]
+"""How long a spin on asyncio queries without yielding while the loop has nothing else ready, at
+most, in seconds."""
 
 class LoopCheck:
     """Called with no arguments: True while the running loop is the token's."""
@@ -67,6 +72,29 @@ def checkpoint_query(
 ) -> Awaitable[float | None]:
     """On asyncio: one bare yield, then :func:`settle`. None if the stream was idle, else when
     the wait began (a ``time.perf_counter()``)."""
+
+def spin_recorded(
+    driver: Any,
+    device: int,
+    pool: list[int],
+    handle: int,
+    history: History,
+    started: float,
+    ready: collections.deque[Any] | None,
+    /,
+) -> Awaitable[tuple[int, float] | None]:
+    """On asyncio, once the first query of ``stream.wait_complete()`` (begun at ``started``)
+    found the stream busy: take an event from ``pool`` (or ``driver.event_create(device)``) and
+    record it on ``handle`` now, at the call. Awaited, it queries the event between bare yields
+    while ``history``'s spin window lasts, and without yielding, for up to :data:`IDLE_SPIN`
+    seconds at a time, while ``ready`` (the loop's ready callbacks; None: never) is empty.
+    None once the event is done (``history`` learnt how long the wait took, the event went
+    back to ``pool``); else ``(event, recorded)``: the event is the caller's to park on,
+    recorded at that ``time.perf_counter()``. An error, ``throw()`` or ``close()`` gives the
+    event back."""
+
+def set_pool_limit(limit: int, /) -> None:
+    """How many free events a pool keeps (``_EventPool._LIMIT``); the rest are destroyed."""
 
 def wake_in_turn(futures: list[asyncio.Future[Any]], /) -> None:
     """For each future of the list that is not done yet, in order: take its done callbacks off,

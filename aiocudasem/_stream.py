@@ -23,10 +23,12 @@ from ._errors import (
 )
 from ._hotpath import checkpoint_query as _checkpoint_query
 from ._hotpath import settle as _settle
+from ._hotpath import spin_recorded as _spin_recorded
 from ._lifetime import OnDevice, Owned
 from ._notifier import (
     History,
     Point,
+    _tuning,
     current_notifier,
     destroy_stream,
     event_pool,
@@ -322,9 +324,31 @@ class Stream(OnDevice):
                 notifier._completed += 1
                 return
             assert started is not None
-            shared = notifier.shared_point(self._history, started)
-            if shared is not None:
-                await notifier.wait(shared)
+            history = self._history
+            if history.newest is not None:
+                shared = notifier.shared_point(history, started)
+                if shared is not None:
+                    await notifier.wait(shared)
+                    return
+            if notifier.bare_yield and notifier._spinners < _tuning.current.max_spinners:
+                # asyncio: the event path's record and spin in C, which hands the event over
+                # if it has to park (see Notifier.wait_recorded(), which does the same in
+                # Python on the other loops).
+                pool = self._events
+                notifier._spinners += 1
+                try:
+                    parked = await _spin_recorded(
+                        drv, self._device, pool, handle, history, started, notifier.ready_queue
+                    )
+                finally:
+                    notifier._spinners -= 1
+                if parked is None:
+                    notifier._completed += 1
+                    return
+                event, recorded = parked
+                await notifier.wait_recorded(
+                    drv, self._device, handle, event, pool, history, started, recorded
+                )
                 return
         elif handle == _PER_THREAD_STREAM and _capturing(drv, handle):
             # The one default stream that can capture: its event would be a captured one,

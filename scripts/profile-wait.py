@@ -9,8 +9,9 @@ The benchmark's throughput loop (one task per stream: launch an empty kernel, aw
   repeated until idle, with no library code around it. That is what any await that is a
   checkpoint and asks the driver costs; the library's own work per await is the distance to
   it;
-- counted: checkpoints (yields to the loop), events recorded (the stream was still busy after
-  the first checkpoint) and parks (host functions armed) per await;
+- counted: checkpoints (yields to the loop, those of asyncio's C awaitables included), events
+  recorded (the stream was still busy after the first checkpoint) and parks (host functions
+  armed) per await;
 - the parts: each step of an await timed alone with ``timeit``, on the same driver.
 
 It also reports how long an empty kernel takes from its launch to the stream going idle, timed
@@ -32,6 +33,7 @@ import statistics
 import sys
 import time
 import timeit
+import types
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,7 @@ import anyio
 import anyio.lowlevel
 
 import aiocudasem as acs
+from aiocudasem import _stream
 from aiocudasem._notifier._loop import current_notifier
 from aiocudasem._notifier._pools import give_back, take_event
 from aiocudasem.cli.bench._measure import _rotated
@@ -80,6 +83,7 @@ class Probe:
         nf = current_notifier()
         parks = records = 0
         saved_checkpoint, saved_arm = nf.checkpoint, nf._arm
+        saved_c = _stream._checkpoint_query, _stream._spin_recorded
         had_record = "event_record" in vars(drv)  # the real driver binds its C call there
         saved_record = drv.event_record
         if counted:
@@ -101,8 +105,31 @@ class Probe:
                 parks += 1
                 saved_arm(point)
 
+            def counting_c(make: Callable[..., Any]) -> Callable[..., Any]:
+                """The C awaitables of asyncio's path yield bare, past nf.checkpoint: counted
+                around them (in this pass only)."""
+
+                @types.coroutine
+                def counted(*args: Any) -> Any:
+                    nonlocal yields
+                    it = make(*args).__await__()
+                    while True:
+                        try:
+                            out = it.send(None)
+                        except StopIteration as stop:
+                            return stop.value
+                        yields += 1
+                        try:
+                            yield out
+                        except BaseException as exc:
+                            it.throw(exc)
+
+                return counted
+
             nf.checkpoint = counting_checkpoint  # type: ignore[method-assign]
             nf._arm = counting_arm  # type: ignore[method-assign]
+            _stream._checkpoint_query = counting_c(saved_c[0])  # type: ignore[assignment]
+            _stream._spin_recorded = counting_c(saved_c[1])  # type: ignore[assignment]
         sl = sleep0()
         deadline = time.perf_counter() + seconds
 
@@ -144,6 +171,7 @@ class Probe:
                     tg.start_soon({"poll": poll, "floor": floor}.get(kind, lib), h)
         finally:
             nf.checkpoint, nf._arm = saved_checkpoint, saved_arm  # type: ignore[method-assign]
+            _stream._checkpoint_query, _stream._spin_recorded = saved_c
             if had_record:
                 drv.event_record = saved_record  # type: ignore[method-assign]
             else:

@@ -11,6 +11,7 @@ import gc
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -20,7 +21,7 @@ import trio
 
 import aiocudasem as acs
 from aiocudasem import _hotpath
-from aiocudasem._notifier import _tuning
+from aiocudasem._notifier import _pools, _tuning
 
 get_loop = asyncio.events._get_running_loop
 
@@ -846,6 +847,303 @@ def test_checkpoint_query_turns_a_stop_iteration_of_the_query_into_runtime_error
 
     with pytest.raises(RuntimeError):
         asyncio.run(main())
+
+
+# ------------------------------------------------------------------ the event path on asyncio
+
+
+class _EventDriver:
+    """The four event calls of a driver that the event path makes, recorded."""
+
+    def __init__(self, ready: list[bool] | None = None) -> None:
+        self.ready = ready if ready is not None else []  # answers of event_query, in turn
+        self.calls: list[tuple[Any, ...]] = []
+        self.fail_record: BaseException | None = None
+        self.fail_query: BaseException | None = None
+        self.created = 100
+
+    def event_create(self, device: int) -> int:
+        self.created += 1
+        self.calls.append(("create", device))
+        return self.created
+
+    def event_record(self, event: int, stream: int) -> None:
+        self.calls.append(("record", event, stream))
+        if self.fail_record is not None:
+            raise self.fail_record
+
+    def event_query(self, event: int) -> bool:
+        self.calls.append(("query", event))
+        if self.fail_query is not None:
+            raise self.fail_query
+        return self.ready.pop(0) if self.ready else False
+
+    def event_destroy(self, event: int) -> None:
+        self.calls.append(("destroy", event))
+
+
+@pytest.fixture
+def long_spin() -> Iterator[None]:
+    """A spin limit that no pause of the test machine outlasts."""
+    acs.configure(spin_limit=30.0)
+    yield
+    acs.configure(spin_limit=acs.Tuning().spin_limit)
+
+
+@pytest.mark.usefixtures("long_spin")
+def test_spin_recorded_records_at_the_call_then_queries_between_yields() -> None:
+    drv, history, pool = _EventDriver([False, True]), _hotpath.History(), [5, 6]
+    started = time.perf_counter() - 0.001
+    spin = _hotpath.spin_recorded(drv, 0, pool, 7, history, started, None)
+    assert drv.calls == [("record", 6, 7)] and pool == [5]  # the newest free event
+    it = spin.__await__()
+    assert next(it) is None  # a bare yield before the first query
+    assert drv.calls[1:] == []
+    assert next(it) is None  # busy: yields again
+    with pytest.raises(StopIteration) as stop:
+        next(it)
+    assert stop.value.value is None  # done
+    assert drv.calls[1:] == [("query", 6), ("query", 6)]
+    assert pool == [5, 6]  # back in its pool
+    assert 0.001 <= history.recent < 1.0  # learnt from `started`, on perf_counter's clock
+    with pytest.raises(StopIteration):
+        next(it)  # finished
+
+    drv = _EventDriver([True])
+    spin = _hotpath.spin_recorded(drv, 3, [], 9, _hotpath.History(), time.perf_counter(), None)
+    assert drv.calls == [("create", 3), ("record", 101, 9)]  # an empty pool: a new event
+    it = spin.__await__()
+    assert it.send(None) is None
+    with pytest.raises(StopIteration):
+        it.send("ignored")
+
+
+def test_spin_recorded_hands_the_event_over_when_the_window_passes() -> None:
+    drv, history, pool = _EventDriver(), _hotpath.History(), [5]
+    before = time.perf_counter()
+    spin = _hotpath.spin_recorded(drv, 0, pool, 7, history, before - 10.0, None)  # window gone
+    after = time.perf_counter()
+    it = spin.__await__()
+    assert next(it) is None  # it spins once all the same, as the Python path does
+    with pytest.raises(StopIteration) as stop:
+        next(it)
+    event, recorded = stop.value.value
+    assert event == 5 and before <= recorded <= after  # when the record was made
+    assert pool == [] and history.recent < 0  # the caller's now; nothing learnt
+    assert [c[0] for c in drv.calls] == ["record", "query"]
+
+    # A stream whose waits are long: no window at all, so it hands over without a yield.
+    history = _hotpath.History()
+    history.recent = 10.0
+    pool = [5]
+    it = _hotpath.spin_recorded(drv, 0, pool, 7, history, time.perf_counter(), None).__await__()
+    with pytest.raises(StopIteration) as stop:
+        next(it)
+    assert stop.value.value[0] == 5 and pool == [] and history.unspun == 1
+
+
+def test_spin_recorded_gives_its_event_back_on_every_way_out() -> None:
+    history = _hotpath.History()
+
+    def spin(drv: _EventDriver, pool: list[int]) -> Any:
+        return _hotpath.spin_recorded(drv, 0, pool, 7, history, time.perf_counter(), None)
+
+    # The record fails: the event goes back and the error propagates.
+    drv, pool = _EventDriver(), [5]
+    drv.fail_record = acs.CudaError(999, "cuEventRecord")
+    with pytest.raises(acs.CudaError):
+        spin(drv, pool)
+    assert pool == [5]
+    # The query fails.
+    drv, pool = _EventDriver(), [5]
+    it = spin(drv, pool).__await__()
+    next(it)
+    drv.fail_query = acs.CudaError(999, "cuEventQuery")
+    with pytest.raises(acs.CudaError):
+        next(it)
+    assert pool == [5]
+    # throw(), as a cancellation arrives, in each of its forms.
+    for args in [(KeyError("k"),), (KeyError,), (KeyError, KeyError("k"))]:
+        drv, pool = _EventDriver(), [5]
+        it = spin(drv, pool).__await__()
+        next(it)
+        with pytest.raises(KeyError):
+            it.throw(*args)
+        assert pool == [5]
+        with pytest.raises(StopIteration):
+            next(it)  # finished
+    # close(), and an awaitable dropped before its end, or never awaited.
+    for finish in ["close", "drop", "never"]:
+        drv, pool = _EventDriver(), [5]
+        it = spin(drv, pool).__await__()
+        if finish != "never":
+            next(it)
+        if finish == "close":
+            it.close()
+        del it
+        assert pool == [5], finish
+        assert [c[0] for c in drv.calls] == ["record"]
+    # A full pool: the event is destroyed instead.
+    drv, pool = _EventDriver([True]), [5]
+    it = spin(drv, pool).__await__()
+    pool.extend(range(1000, 1000 + _pools._EventPool._LIMIT))
+    next(it)
+    with pytest.raises(StopIteration):
+        next(it)
+    assert drv.calls[-1] == ("destroy", 5) and len(pool) == _pools._EventPool._LIMIT
+    # Bad arguments.
+    with pytest.raises(TypeError, match="7 positional"):
+        _hotpath.spin_recorded(drv, 0, [], 7, history, 0.0)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="must be a list"):
+        _hotpath.spin_recorded(drv, 0, (), 7, history, 0.0, None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="must be a History"):
+        _hotpath.spin_recorded(drv, 0, [], 7, None, 0.0, None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        _hotpath.spin_recorded(drv, 0, [], 7, history, "soon", None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="deque or None"):
+        _hotpath.spin_recorded(drv, 0, [], 7, history, 0.0, [])  # type: ignore[arg-type]
+    with pytest.raises(AttributeError):
+        _hotpath.spin_recorded(object(), 0, [], 7, history, 0.0, None)
+    with pytest.raises(TypeError, match="1 to 3"):
+        spin(_EventDriver(), []).throw()
+    with pytest.raises(TypeError, match="deriving from BaseException"):
+        spin(_EventDriver(), []).throw(3)
+    with pytest.raises(ValueError, match=">= 0"):
+        _hotpath.set_pool_limit(-1)
+
+
+@pytest.mark.usefixtures("long_spin")
+def test_spin_recorded_queries_without_yielding_only_while_the_loop_is_idle() -> None:
+    """With the loop's ready queue empty, the spin queries again at once instead of yielding,
+    for at most IDLE_SPIN per step; anything ready (here, put there by a query) makes it yield
+    at its next query."""
+    ready: collections.deque[Any] = collections.deque()
+    drv, pool = _EventDriver([False, False, True]), [5]
+    it = _hotpath.spin_recorded(drv, 0, pool, 7, _hotpath.History(), time.perf_counter(), ready)
+    with pytest.raises(StopIteration) as stop:
+        next(it.__await__())  # done without a single yield
+    assert stop.value.value is None and pool == [5]
+    assert [c[0] for c in drv.calls] == ["record", "query", "query", "query"]
+
+    drv = _EventDriver()  # never done
+    it = _hotpath.spin_recorded(drv, 0, pool, 7, _hotpath.History(), time.perf_counter(), ready)
+    t0 = time.perf_counter()
+    assert next(it.__await__()) is None  # yields once IDLE_SPIN has passed
+    assert time.perf_counter() - t0 >= _hotpath.IDLE_SPIN
+    assert len(drv.calls) > 2
+    del it
+    assert pool == [5]  # given back as the awaitable went
+
+    drv = _EventDriver([False, False, True])
+    query = drv.event_query
+
+    def wakes_a_task(event: int) -> bool:
+        ready.append("a task's step")
+        return query(event)
+
+    drv.event_query = wakes_a_task  # type: ignore[method-assign]
+    it = _hotpath.spin_recorded(drv, 0, pool, 7, _hotpath.History(), time.perf_counter(), ready)
+    aw = it.__await__()
+    assert next(aw) is None  # the first query made something ready: it yields
+    assert [c[0] for c in drv.calls] == ["record", "query"]
+    assert next(aw) is None  # not idle now: one query per step
+    assert [c[0] for c in drv.calls] == ["record", "query", "query"]
+    ready.clear()
+    with pytest.raises(StopIteration):
+        next(aw)
+
+
+def test_the_notifier_of_each_loop_reads_the_ready_queue_only_where_it_is_asyncio_s() -> None:
+    import uvloop
+
+    from aiocudasem._notifier import current_notifier
+
+    async def queue() -> Any:
+        return current_notifier().ready_queue
+
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(queue()) is loop._ready  # type: ignore[attr-defined]
+    finally:
+        loop.close()
+    loop = uvloop.new_event_loop()
+    try:
+        assert loop.run_until_complete(queue()) is None
+    finally:
+        loop.close()
+    assert trio.run(queue) is None
+
+
+@pytest.mark.usefixtures("long_spin")
+def test_spin_recorded_on_asyncio_gives_its_event_back_when_cancelled() -> None:
+    async def main() -> tuple[list[int], bool]:
+        drv, pool = _EventDriver(), [5]
+
+        async def wait() -> None:
+            await _hotpath.spin_recorded(
+                drv, 0, pool, 7, _hotpath.History(), time.perf_counter(), None
+            )
+
+        task = asyncio.ensure_future(wait())
+        for _ in range(3):
+            await asyncio.sleep(0)  # the task spins
+        assert pool == []
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return pool, task.cancelled()
+
+    assert asyncio.run(main()) == ([5], True)
+
+
+def test_spin_recorded_turns_a_stop_iteration_of_the_query_into_runtime_error() -> None:
+    drv, pool = _EventDriver(), [5]
+    drv.fail_query = StopIteration(1.0)
+    it = _hotpath.spin_recorded(drv, 0, pool, 7, _hotpath.History(), 0.0, None).__await__()
+    next(it)
+    with pytest.raises(RuntimeError, match="StopIteration"):
+        next(it)
+    assert pool == [5]
+
+
+def test_spin_recorded_keeps_reference_counts_and_is_collected_in_a_cycle() -> None:
+    import sys
+
+    history, pool = _hotpath.History(), [5]
+    drv = _EventDriver()
+    counted = (drv, history, pool)
+    before = [sys.getrefcount(o) for o in counted]
+    for answer in [True, False, True] * 300:
+        drv.ready = [answer]
+        drv.calls.clear()
+        started = time.perf_counter() if answer else 0.0  # busy: no window left, handed over
+        it = _hotpath.spin_recorded(drv, 0, pool, 7, history, started, None).__await__()
+        next(it)
+        try:
+            while True:
+                next(it)
+        except StopIteration as stop:
+            if stop.value is not None:  # handed over: give it back as a park would
+                pool.append(stop.value[0])
+        del it
+        it = _hotpath.spin_recorded(drv, 0, pool, 7, history, 0.0, None)
+        del it  # never awaited
+    assert pool == [5]
+    assert [sys.getrefcount(o) for o in counted] == before
+
+    class Holder:
+        pass
+
+    holder = Holder()
+    holder.wait = _hotpath.spin_recorded(  # type: ignore[attr-defined]
+        drv, 0, [], 7, history, 0.0, collections.deque()
+    )
+    holder.driver = drv  # type: ignore[attr-defined]
+    drv.holder = holder  # type: ignore[attr-defined]
+    gone = weakref.ref(holder)
+    del holder, drv, counted
+    gc.collect()
+    assert gone() is None
 
 
 # ------------------------------------------------------------------ waking a crowd on asyncio

@@ -89,6 +89,42 @@ async def test_wait_complete_never_waits_for_work_enqueued_after_it_parked(
             later.set()
 
 
+async def test_a_spinning_wait_never_waits_for_work_enqueued_while_it_spins(
+    sim: SimDriver,
+) -> None:
+    """The same while the wait spins on its event (in C on asyncio): the event was recorded
+    after the first checkpoint, so later work does not delay it. The spinner's place and its
+    event come back when it ends."""
+    from aiocudasem.lowlevel import statistics
+
+    acs.configure(spin_limit=30.0)
+    try:
+        async with acs.open_stream(driver=sim) as s:
+            free = len(s._events)
+            gate = hold(s)
+            woke = anyio.Event()
+
+            async def waiter() -> None:
+                await s.wait_complete()
+                woke.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(waiter)
+                for _ in range(5):
+                    await anyio.lowlevel.checkpoint()  # the waiter spins meanwhile
+                assert statistics().spinning == 1 and statistics().parked == 0
+                later = hold(s)  # enqueued while the waiter spins
+                gate.set()
+                with anyio.fail_after(5):
+                    await woke.wait()
+                assert not s.query()  # the later work still runs: the wait did not cover it
+                assert statistics().spinning == 0
+                later.set()
+            assert len(s._events) == max(free, 1)  # its event is back in the pool
+    finally:
+        acs.configure(spin_limit=acs.Tuning().spin_limit)
+
+
 async def test_wait_complete_fails_clearly_if_another_task_closes_the_stream(
     sim: SimDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -5,6 +5,7 @@ closes a notifier when its loop ends."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import os
 import threading
@@ -61,6 +62,10 @@ class Notifier:
         #: The checkpoint is asyncio's bare yield: Stream.wait_complete() passes it and its
         #: first query in one C awaitable (``_hotpath.checkpoint_query``).
         self.bare_yield = self.checkpoint is _notify.yield_once
+        #: asyncio's queue of ready callbacks, where the loop has one to read (not uvloop): a
+        #: spin on asyncio queries again without yielding while it is empty (see
+        #: ``_hotpath.spin_recorded``).
+        self.ready_queue = _ready_queue_of(token) if self.bare_yield else None
         #: Makes the sleeper of one parked coroutine, native to the loop (see _sleepers).
         self._new_sleeper = sleeper_factory(library, backend, token)
         #: Wakes the sleepers of a list, in order, skipping those done (see _sleepers).
@@ -175,6 +180,7 @@ class Notifier:
         pool: list[int],
         history: History,
         started: float | None = None,
+        recorded: float | None = None,
     ) -> None:
         """Wait for ``event``, just recorded on ``stream`` and taken from ``pool``, where it
         goes back afterwards (``Stream.wait_complete``, with the stream's ``history``). The
@@ -183,40 +189,44 @@ class Notifier:
         round of the spin resumes as few frames as possible. ``started``: the wait already
         passed its first checkpoint, which began then (a ``time.perf_counter()``), and found
         the stream busy after it; the event was recorded just now, so it is not queried before
-        the next checkpoint."""
-        clock = time.perf_counter
-        # The event was recorded just now, and nothing ran since: a wait of this loop that
-        # began before this instant may share it, once it is a point (see shared_point()).
-        recorded = clock()
-        query = driver.event_query
-        try:
-            if started is None:
-                started = clock()
-                await self.checkpoint()
-                ready = query(event)
-            else:
-                ready = False
-            if not ready and self._spinners < _tuning.current.max_spinners:
-                deadline = started + history.spin_window()
-                if deadline > started:
-                    checkpoint = self.checkpoint
-                    self._spinners += 1
-                    try:
-                        while True:
-                            await checkpoint()
-                            ready = query(event)
-                            if ready or clock() >= deadline:
-                                break
-                    finally:
-                        self._spinners -= 1
-        except BaseException:
-            give_back(driver, pool, event)
-            raise
-        if ready:
-            self._completed += 1
-            history.learn(clock() - started)
-            give_back(driver, pool, event)
-            return
+        the next checkpoint. ``recorded``: the event was recorded then, and the wait spun on it
+        already (on asyncio, in C: ``_hotpath.spin_recorded``); it parks at once."""
+        if recorded is None:
+            clock = time.perf_counter
+            # The event was recorded just now, and nothing ran since: a wait of this loop that
+            # began before this instant may share it, once it is a point (see shared_point()).
+            recorded = clock()
+            query = driver.event_query
+            try:
+                if started is None:
+                    started = clock()
+                    await self.checkpoint()
+                    ready = query(event)
+                else:
+                    ready = False
+                if not ready and self._spinners < _tuning.current.max_spinners:
+                    deadline = started + history.spin_window()
+                    if deadline > started:
+                        checkpoint = self.checkpoint
+                        self._spinners += 1
+                        try:
+                            while True:
+                                await checkpoint()
+                                ready = query(event)
+                                if ready or clock() >= deadline:
+                                    break
+                        finally:
+                            self._spinners -= 1
+            except BaseException:
+                give_back(driver, pool, event)
+                raise
+            if ready:
+                self._completed += 1
+                history.learn(clock() - started)
+                give_back(driver, pool, event)
+                return
+        elif started is None:
+            started = recorded  # a wait given no start began at its record
         point = Point(driver, device, stream, event, pool, history)
         point.started = started
         point.recorded = recorded
@@ -817,6 +827,13 @@ def _trio_run_context(token: object) -> tuple[threading.local, object] | None:
     except Exception:  # another trio: its own test, the public one
         pass
     return None
+
+
+def _ready_queue_of(loop: object) -> collections.deque[Any] | None:
+    """The ready callbacks of an asyncio loop of the standard library's kind
+    (``BaseEventLoop._ready``, the queue that each pass of the loop runs), or None."""
+    ready = getattr(loop, "_ready", None)
+    return ready if type(ready) is collections.deque else None
 
 
 def _checkpoint_of(

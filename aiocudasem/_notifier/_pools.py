@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
-from .. import _release
+from .. import _hotpath, _release
 from .._errors import AiocudasemError
 
 if TYPE_CHECKING:
@@ -34,6 +34,8 @@ class _EventPool:
     allowed by CUDA, and cuStreamWaitEvent captures the state at call time, so an event can go
     back to the pool as soon as no waiter will query it again."""
 
+    #: Free events kept per pool; give_back() destroys the rest, and so does the event path
+    #: in C (``_hotpath.spin_recorded``), which is handed this limit below.
     _LIMIT: Final = 4096
 
     def __init__(self) -> None:
@@ -283,6 +285,7 @@ class _HostWaitStreams:
 
 
 event_pool = _EventPool()
+_hotpath.set_pool_limit(_EventPool._LIMIT)
 side_streams = _SideStreams()
 host_wait_streams = _HostWaitStreams()
 
