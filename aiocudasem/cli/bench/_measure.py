@@ -243,7 +243,8 @@ class Bench:
         # Every crowd starts with the collector's debt paid, for every approach alike: what
         # the approach's earlier measurements left (the parked-CPU and stall tests run for
         # some approaches and not for others) would otherwise bring a full collection
-        # forward into its crowd (one more, 100-150 ms on the GPU machine, in every round).
+        # forward into its crowd (one more full collection in every round: 44-259 ms each
+        # on the H200 hosts of runs J to M).
         gc.collect()
         t0 = time.perf_counter()
         for h in hs:
