@@ -24,7 +24,9 @@ class Tuning:
 
     #: Longest a coroutine spins (queries between checkpoints) before parking, in seconds.
     #: Streams whose recent waits took longer than this spin on one wait in 16 only (to notice
-    #: when they become short again). 0 disables spinning.
+    #: when they become short again). 0 disables spinning. On asyncio's own loops (not uvloop)
+    #: a spinning ``wait_complete()`` queries without yielding while the loop has nothing else
+    #: ready, for up to 20 us at a time (``_hotpath.IDLE_SPIN``).
     spin_limit: float = 250e-6
     #: At most this many coroutines per event loop spin at once; the rest park at once.
     max_spinners: int = 8
