@@ -1329,8 +1329,14 @@ static PyObject *callbacks_of(PyObject *fut) {
         Py_XDECREF(cbs);
         return none ? PyList_New(0) : NULL;
     }
-    PyObject *pairs = PyList_Check(cbs) ? PySequence_List(cbs) : NULL; /* a copy */
-    Py_DECREF(cbs);
+    PyObject *pairs;
+    if (PyList_CheckExact(cbs) && Py_REFCNT(cbs) == 1) {
+        pairs = cbs; /* a list made for this read (asyncio's C futures build one): ours */
+    } else {
+        /* a copy: a Python future hands out its live list, which its methods change */
+        pairs = PyList_Check(cbs) ? PySequence_List(cbs) : NULL;
+        Py_DECREF(cbs);
+    }
     if (pairs == NULL) return NULL;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pairs); i++) {
         PyObject *p = PyList_GET_ITEM(pairs, i);
