@@ -876,45 +876,56 @@ typedef struct {
     PyObject *driver, *pool, *history, *query, *event;
     PyObject *ready; /* the loop's queue of ready callbacks, or NULL: see IDLE_SPIN */
     double started, recorded, deadline;
-    int state; /* 0: recorded, not yet stepped; 1: spinning (yielded); 2: finished */
+    int state;     /* 0: recorded, not yet stepped; 1: spinning (yielded); 2: finished */
+    int executing; /* inside a step's calls: close(), throw() and another step refuse */
 } SpinRecordedObject;
 
 static PyTypeObject SpinRecordedType;
 
-/* The event back to its pool, or destroyed if the pool is full (give_back()): 0, or -1 with an
- * error set. The object no longer holds it either way. */
+/* The event back to its pool, or destroyed if the pool is full (give_back()), once the wait is
+ * done: 0, or -1 with an error set. The object no longer holds it either way. */
 static int give_event_back(SpinRecordedObject *c) {
     PyObject *event = c->event;
     if (event == NULL) return 0;
     c->event = NULL;
     int rc;
-    if (c->pool != NULL && PyList_GET_SIZE(c->pool) < pool_limit) {
+    if (PyList_GET_SIZE(c->pool) < pool_limit) {
         rc = PyList_Append(c->pool, event);
-    } else if (c->driver != NULL) {
+    } else {
         PyObject *r = PyObject_CallMethodOneArg(c->driver, str_event_destroy, event);
         rc = r == NULL ? -1 : 0;
         Py_XDECREF(r);
-    } else {
-        rc = 0; /* cleared by the collector: nothing left to give it back to */
     }
     Py_DECREF(event);
     return rc;
 }
 
-/* As give_event_back(), keeping the error that is set; its own error is reported as
- * unraisable. */
-static void give_event_back_quietly(SpinRecordedObject *c) {
-    if (c->event == NULL) return;
+/* On every other way out (an error, throw(), close(), the finalizer): the event back to its
+ * pool, past the pool's limit if need be, and with no call of the driver, which may not be
+ * called from a finalizer (the collector can run while this thread holds the driver's lock;
+ * see _release.py). Keeps the error that is set; an append that fails (no memory) is reported
+ * as unraisable. */
+static void return_event(SpinRecordedObject *c) {
+    PyObject *event = c->event;
+    if (event == NULL || c->pool == NULL) return;
+    c->event = NULL;
 #if PY_VERSION_HEX >= 0x030C0000
     PyObject *exc = PyErr_GetRaisedException();
-    if (give_event_back(c) < 0) PyErr_WriteUnraisable(NULL);
+    if (PyList_Append(c->pool, event) < 0) PyErr_WriteUnraisable(c->pool);
     PyErr_SetRaisedException(exc);
 #else
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
-    if (give_event_back(c) < 0) PyErr_WriteUnraisable(NULL);
+    if (PyList_Append(c->pool, event) < 0) PyErr_WriteUnraisable(c->pool);
     PyErr_Restore(type, value, tb);
 #endif
+    Py_DECREF(event);
+}
+
+static int refuse_if_executing(SpinRecordedObject *c) {
+    if (!c->executing) return 0;
+    PyErr_SetString(PyExc_ValueError, "spin_recorded() already executing");
+    return -1;
 }
 
 static PyTypeObject *deque_type; /* collections.deque */
@@ -1001,6 +1012,7 @@ static PyObject *spin_recorded(PyObject *Py_UNUSED(module), PyObject *const *arg
     c->query = query;
     c->event = event;
     c->ready = Py_XNewRef(ready);
+    c->executing = 0;
     c->started = started;
     c->recorded = perf_counter(); /* nothing ran since the record: see wait_recorded() */
     c->deadline = started;
@@ -1029,11 +1041,15 @@ static int SpinRecorded_clear(SpinRecordedObject *c) {
     return 0;
 }
 
+/* Never finished nor closed (dropped half-way, or garbage in a cycle, where the collector runs
+ * this before it clears anything): the event goes back. */
+static void SpinRecorded_finalize(SpinRecordedObject *c) {
+    return_event(c);
+}
+
 static void SpinRecorded_dealloc(SpinRecordedObject *c) {
+    if (PyObject_CallFinalizerFromDealloc((PyObject *)c) < 0) return; /* resurrected */
     PyObject_GC_UnTrack(c);
-    /* Never finished nor closed: the event still goes back (give_event_back() does not use
-     * the object itself beyond its fields). */
-    give_event_back_quietly(c);
     SpinRecorded_clear(c);
     PyObject_GC_Del(c);
 }
@@ -1050,14 +1066,14 @@ static PySendResult hand_over(SpinRecordedObject *c, PyObject **result) {
     c->state = 2;
     PyObject *recorded = PyFloat_FromDouble(c->recorded);
     if (recorded == NULL) {
-        give_event_back_quietly(c);
+        return_event(c);
         *result = NULL;
         return PYGEN_ERROR;
     }
     *result = PyTuple_Pack(2, c->event, recorded);
     Py_DECREF(recorded);
     if (*result == NULL) {
-        give_event_back_quietly(c);
+        return_event(c);
         return PYGEN_ERROR;
     }
     Py_CLEAR(c->event);
@@ -1068,6 +1084,10 @@ static PySendResult hand_over(SpinRecordedObject *c, PyObject **result) {
  * history learnt how long the wait took, the event went back) or with (event, recorded) (the
  * spin window passed, or there was none), or PYGEN_ERROR (the event went back). */
 static PySendResult SpinRecorded_step(SpinRecordedObject *c, PyObject **result) {
+    if (refuse_if_executing(c) < 0) {
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
     if (c->state == 2) {
         *result = Py_NewRef(Py_None);
         return PYGEN_RETURN;
@@ -1091,12 +1111,14 @@ static PySendResult SpinRecorded_step(SpinRecordedObject *c, PyObject **result) 
     }
     for (;;) {
         PyObject *args[1] = {c->event};
+        c->executing = 1;
         PyObject *r = PyObject_Vectorcall(c->query, args, 1, NULL);
         int done = r == NULL ? -1 : r == Py_True ? 1 : r == Py_False ? 0 : PyObject_IsTrue(r);
         Py_XDECREF(r);
+        c->executing = 0;
         if (done < 0) {
             c->state = 2;
-            give_event_back_quietly(c);
+            return_event(c);
             *result = NULL;
             return PYGEN_ERROR;
         }
@@ -1104,7 +1126,10 @@ static PySendResult SpinRecorded_step(SpinRecordedObject *c, PyObject **result) 
         if (done) {
             c->state = 2;
             learn((HistoryObject *)c->history, now - c->started);
-            if (give_event_back(c) < 0) {
+            c->executing = 1;
+            int rc = give_event_back(c);
+            c->executing = 0;
+            if (rc < 0) {
                 *result = NULL;
                 return PYGEN_ERROR;
             }
@@ -1134,6 +1159,9 @@ static PyObject *SpinRecorded_next(SpinRecordedObject *c) {
             if (stop != NULL) {
                 PyErr_SetObject(PyExc_StopIteration, stop);
                 Py_DECREF(stop);
+            } else { /* the handed-over event would be lost with the tuple: it goes back */
+                c->event = Py_NewRef(PyTuple_GET_ITEM(r, 0));
+                return_event(c);
             }
         }
         Py_DECREF(r);
@@ -1157,8 +1185,9 @@ static PyObject *SpinRecorded_throw(SpinRecordedObject *c, PyObject *const *args
         PyErr_Format(PyExc_TypeError, "throw() takes 1 to 3 arguments, got %zd", nargs);
         return NULL;
     }
+    if (refuse_if_executing(c) < 0) return NULL;
     c->state = 2;
-    if (give_event_back(c) < 0) PyErr_WriteUnraisable(NULL);
+    return_event(c);
     PyObject *typ = args[0], *val = nargs > 1 ? args[1] : Py_None,
              *tb = nargs > 2 ? args[2] : Py_None;
     if (PyExceptionInstance_Check(typ)) {
@@ -1203,8 +1232,9 @@ static PyObject *SpinRecorded_throw(SpinRecordedObject *c, PyObject *const *args
 }
 
 static PyObject *SpinRecorded_close(SpinRecordedObject *c, PyObject *Py_UNUSED(ignored)) {
+    if (refuse_if_executing(c) < 0) return NULL;
     c->state = 2;
-    if (give_event_back(c) < 0) return NULL;
+    return_event(c);
     Py_RETURN_NONE;
 }
 
@@ -1236,6 +1266,7 @@ static PyTypeObject SpinRecordedType = {
     .tp_traverse = (traverseproc)SpinRecorded_traverse,
     .tp_clear = (inquiry)SpinRecorded_clear,
     .tp_dealloc = (destructor)SpinRecorded_dealloc,
+    .tp_finalize = (destructor)SpinRecorded_finalize,
 };
 
 static PyObject *set_pool_limit(PyObject *Py_UNUSED(module), PyObject *arg) {

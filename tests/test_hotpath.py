@@ -1030,7 +1030,7 @@ def test_spin_recorded_queries_without_yielding_only_while_the_loop_is_idle() ->
     t0 = time.perf_counter()
     assert next(it.__await__()) is None  # yields once IDLE_SPIN has passed
     assert time.perf_counter() - t0 >= _hotpath.IDLE_SPIN
-    assert len(drv.calls) > 2
+    assert len(drv.calls) >= 2  # the record, and as many queries as fit
     del it
     assert pool == [5]  # given back as the awaitable went
 
@@ -1105,16 +1105,54 @@ def test_spin_recorded_turns_a_stop_iteration_of_the_query_into_runtime_error() 
         next(it)
     assert pool == [5]
 
+    async def main() -> None:  # through a coroutine's await, as the library awaits it
+        await _hotpath.spin_recorded(drv, 0, pool, 7, _hotpath.History(), time.perf_counter(), None)
+
+    with pytest.raises(RuntimeError):
+        asyncio.run(main())
+    assert pool == [5]
+
+
+def test_spin_recorded_refuses_to_be_closed_or_resumed_from_inside_its_query() -> None:
+    """No generator may be closed or resumed while it runs; here, from inside the driver's
+    query (another thread could do it, while a query releases the GIL)."""
+    drv, pool = _EventDriver(), [5]
+    refused: list[str] = []
+
+    def meddles(event: int) -> bool:
+        for name, call in [("close", aw.close), ("next", lambda: next(aw))]:
+            try:
+                call()
+            except ValueError as exc:
+                refused.append(f"{name}: {exc}")
+        try:
+            aw.throw(KeyError("k"))
+        except ValueError as exc:
+            refused.append(f"throw: {exc}")
+        return True
+
+    drv.event_query = meddles  # type: ignore[method-assign]
+    it = _hotpath.spin_recorded(drv, 0, pool, 7, _hotpath.History(), time.perf_counter(), None)
+    aw = it.__await__()
+    next(aw)
+    with pytest.raises(StopIteration):
+        next(aw)
+    assert [r.split(":")[0] for r in refused] == ["close", "next", "throw"]
+    assert all("already executing" in r for r in refused)
+    assert pool == [5]  # given back once, by the query's end
+
 
 def test_spin_recorded_keeps_reference_counts_and_is_collected_in_a_cycle() -> None:
     import sys
 
-    history, pool = _hotpath.History(), [5]
+    history, pool = _hotpath.History(), [object()]
+    event = pool[0]  # not an int: its own count says whether a path leaks or over-frees it
     drv = _EventDriver()
-    counted = (drv, history, pool)
+    counted = (drv, history, pool, event)
     before = [sys.getrefcount(o) for o in counted]
-    for answer in [True, False, True] * 300:
-        drv.ready = [answer]
+    for answer in [True, False, "boom", True] * 200:
+        drv.ready = [answer is True]
+        drv.fail_query = KeyError("q") if answer == "boom" else None
         drv.calls.clear()
         started = time.perf_counter() if answer else 0.0  # busy: no window left, handed over
         it = _hotpath.spin_recorded(drv, 0, pool, 7, history, started, None).__await__()
@@ -1125,25 +1163,48 @@ def test_spin_recorded_keeps_reference_counts_and_is_collected_in_a_cycle() -> N
         except StopIteration as stop:
             if stop.value is not None:  # handed over: give it back as a park would
                 pool.append(stop.value[0])
+        except KeyError:
+            pass
         del it
         it = _hotpath.spin_recorded(drv, 0, pool, 7, history, 0.0, None)
         del it  # never awaited
-    assert pool == [5]
+        fresh = _hotpath.History()  # a window to spin in, whatever the waits above took
+        it = _hotpath.spin_recorded(drv, 0, pool, 7, fresh, time.perf_counter(), None).__await__()
+        next(it)
+        it.close()
+        it = _hotpath.spin_recorded(drv, 0, pool, 7, fresh, time.perf_counter(), None).__await__()
+        next(it)
+        with pytest.raises(asyncio.CancelledError):
+            it.throw(asyncio.CancelledError())
+        del it
+    drv.calls.clear()  # they name the event
+    drv.fail_query = None  # its traceback holds the query's frame
+    assert pool == [event]
     assert [sys.getrefcount(o) for o in counted] == before
 
+    # Garbage in a cycle, suspended: the collector's finalizer gives the event back to its
+    # pool, which lives outside the cycle, and never calls the driver (not even with the pool
+    # full, when a finished wait would destroy the event).
     class Holder:
         pass
 
+    pool = [*range(_pools._EventPool._LIMIT), event]
     holder = Holder()
     holder.wait = _hotpath.spin_recorded(  # type: ignore[attr-defined]
-        drv, 0, [], 7, history, 0.0, collections.deque()
+        drv, 0, pool, 7, _hotpath.History(), time.perf_counter(), None
     )
+    next(holder.wait.__await__())  # type: ignore[attr-defined]
+    assert pool[-1] != event
     holder.driver = drv  # type: ignore[attr-defined]
     drv.holder = holder  # type: ignore[attr-defined]
     gone = weakref.ref(holder)
+    drv.calls.clear()
+    calls = drv.calls
     del holder, drv, counted
     gc.collect()
     assert gone() is None
+    assert pool[-1] is event and len(pool) == _pools._EventPool._LIMIT + 1
+    assert calls == []  # no destroy from the collector
 
 
 # ------------------------------------------------------------------ waking a crowd on asyncio
@@ -1300,6 +1361,31 @@ def test_wake_in_turn_hands_on_the_rest_when_a_wake_up_raises() -> None:
         return calls
 
     assert asyncio.run(main()) == ["first", "boom", "after boom", "third"]
+
+
+@pytest.mark.parametrize("future", _FUTURES, ids=["c-future", "py-future"])
+def test_waking_a_future_whose_first_callback_was_removed_runs_the_others_once(
+    future: Any,
+) -> None:
+    """asyncio's C future builds a fresh list of its callbacks while its first slot is set,
+    and hands out its live list once that callback is removed, as a Python future always does:
+    the live list is copied, not taken, and only the remaining callbacks run, once each."""
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        ran: list[str] = []
+        f = future(loop=loop)
+        for name in ("first", "second", "third"):
+            f.add_done_callback(lambda _f, name=name: ran.append(name))
+        f.remove_done_callback(f._callbacks[0][0])  # type: ignore[attr-defined]
+        live = f._callbacks  # type: ignore[attr-defined]
+        assert f._callbacks is live  # type: ignore[attr-defined]  # the live list: no copy
+        _hotpath.wake_in_turn([f])
+        assert f.done() and f.result() is None
+        await asyncio.sleep(0)
+        return ran
+
+    assert asyncio.run(main()) == ["second", "third"]
 
 
 def test_waking_a_crowd_keeps_reference_counts() -> None:
