@@ -65,39 +65,16 @@ async def test_wait_complete_records_an_event_only_on_a_busy_stream(
         assert s.query()
 
 
+@pytest.mark.parametrize("phase", ["parked", "spinning"])
 async def test_wait_complete_never_waits_for_work_enqueued_after_it_parked(
-    sim: SimDriver,
+    sim: SimDriver, phase: str
 ) -> None:
     """The event of a busy stream's wait is recorded after the first checkpoint, before the
-    wait parks: work enqueued once the waiter sleeps does not delay it."""
-    async with acs.open_stream(driver=sim) as s:
-        gate = hold(s)
-        woke = anyio.Event()
-
-        async def waiter() -> None:
-            await s.wait_complete()
-            woke.set()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(waiter)
-            await anyio.wait_all_tasks_blocked()
-            later = hold(s)  # enqueued while the waiter is parked
-            gate.set()
-            with anyio.fail_after(5):
-                await woke.wait()
-            assert not s.query()  # the later work still runs: the wait did not cover it
-            later.set()
-
-
-async def test_a_spinning_wait_never_waits_for_work_enqueued_while_it_spins(
-    sim: SimDriver,
-) -> None:
-    """The same while the wait spins on its event (in C on asyncio): the event was recorded
-    after the first checkpoint, so later work does not delay it. The spinner's place and its
-    event come back when it ends."""
+    wait parks or spins on it (in C on asyncio): work enqueued once the waiter sleeps, or while
+    it spins, does not delay it. A spinner's place and its event come back when it ends."""
     from aiocudasem.lowlevel import statistics
 
-    acs.configure(spin_limit=30.0)
+    acs.configure(spin_limit=30.0 if phase == "spinning" else acs.Tuning().spin_limit)
     try:
         async with acs.open_stream(driver=sim) as s:
             free = len(s._events)
@@ -110,17 +87,21 @@ async def test_a_spinning_wait_never_waits_for_work_enqueued_while_it_spins(
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(waiter)
-                for _ in range(5):
-                    await anyio.lowlevel.checkpoint()  # the waiter spins meanwhile
-                assert statistics().spinning == 1 and statistics().parked == 0
-                later = hold(s)  # enqueued while the waiter spins
+                if phase == "parked":
+                    await anyio.wait_all_tasks_blocked()
+                else:
+                    for _ in range(5):
+                        await anyio.lowlevel.checkpoint()  # the waiter spins meanwhile
+                    assert statistics().spinning == 1 and statistics().parked == 0
+                later = hold(s)  # enqueued while the waiter is parked, or spins
                 gate.set()
                 with anyio.fail_after(5):
                     await woke.wait()
                 assert not s.query()  # the later work still runs: the wait did not cover it
                 assert statistics().spinning == 0
                 later.set()
-            assert len(s._events) == max(free, 1)  # its event is back in the pool
+            if phase == "spinning":
+                assert len(s._events) == max(free, 1)  # its event is back in the pool
     finally:
         acs.configure(spin_limit=acs.Tuning().spin_limit)
 
