@@ -330,6 +330,11 @@ typedef struct {
      * takes the slot over. */
     uint64_t ident;
     PyObject *last;
+    /* For wait_complete(): the notifier whose checkpoint kind and tally were read last
+     * (`bare_yield` and `_tally` never change for a notifier), and those two. */
+    PyObject *seen;
+    int seen_bare;
+    PyObject *seen_tally;
 } FinderObject;
 
 /* The slot takes `n` for thread `me`, both before the old notifier goes (its release can run
@@ -405,6 +410,9 @@ static PyObject *Finder_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     f->slow = Py_NewRef(slow);
     f->ident = 0;
     f->last = NULL;
+    f->seen = NULL;
+    f->seen_bare = 0;
+    f->seen_tally = NULL;
     return (PyObject *)f;
 }
 
@@ -413,6 +421,8 @@ static int Finder_traverse(FinderObject *f, visitproc visit, void *arg) {
     Py_VISIT(f->deferred);
     Py_VISIT(f->slow);
     Py_VISIT(f->last);
+    Py_VISIT(f->seen);
+    Py_VISIT(f->seen_tally);
     return 0;
 }
 
@@ -421,6 +431,8 @@ static int Finder_clear(FinderObject *f) {
     Py_CLEAR(f->deferred);
     Py_CLEAR(f->slow);
     Py_CLEAR(f->last);
+    Py_CLEAR(f->seen);
+    Py_CLEAR(f->seen_tally);
     return 0;
 }
 
@@ -616,18 +628,21 @@ static double perf_counter(void) {
 static PyObject *str__closed_error;
 
 /* 1: idle, and learnt; 0: still busy; -1: an exception is set. */
+/* stream._closed_error() raised: always -1. */
+static int raise_closed(PyObject *stream) {
+    PyObject *exc = PyObject_CallMethodNoArgs(stream, str__closed_error);
+    if (exc == NULL) return -1;
+    if (PyExceptionInstance_Check(exc))
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    else
+        PyErr_Format(PyExc_TypeError, "_closed_error() returned %R, not an exception", exc);
+    Py_DECREF(exc);
+    return -1;
+}
+
 static int settle(PyObject *stream, PyObject *query, PyObject *handle, HistoryObject *history,
                   double started) {
-    if (history->closed) { /* closed by another task during the checkpoint */
-        PyObject *exc = PyObject_CallMethodNoArgs(stream, str__closed_error);
-        if (exc == NULL) return -1;
-        if (PyExceptionInstance_Check(exc))
-            PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-        else
-            PyErr_Format(PyExc_TypeError, "_closed_error() returned %R, not an exception", exc);
-        Py_DECREF(exc);
-        return -1;
-    }
+    if (history->closed) return raise_closed(stream); /* by another task, in the checkpoint */
     PyObject *args[1] = {handle};
     PyObject *r = PyObject_Vectorcall(query, args, 1, NULL);
     if (r == NULL) return -1;
@@ -668,100 +683,6 @@ static PyObject *settle_py(PyObject *Py_UNUSED(module), PyObject *const *args,
     return PyBool_FromLong(done);
 }
 
-/* checkpoint_query(stream, query, handle, history): on asyncio, the checkpoint and
- * the settle in one awaitable, with no coroutine in between. It reads the clock, yields once
- * bare (asyncio.sleep(0)'s yield), then settles: the await's value is None if the stream was
- * idle, else the clock reading, a float, for the rest of the wait. As _notify.yield_once()
- * it has no throw(): a cancellation is raised at the awaiting coroutine's await. It is
- * tracked by the garbage collector, as it holds the stream and its history. */
-
-typedef struct {
-    PyObject_HEAD
-    PyObject *stream, *query, *handle, *history;
-    double started;
-    int state; /* 0: not yet yielded; 1: yielded; 2: finished */
-} CheckpointQueryObject;
-
-static PyTypeObject CheckpointQueryType;
-
-static PyObject *checkpoint_query(PyObject *Py_UNUSED(module), PyObject *const *args,
-                                  Py_ssize_t nargs) {
-    if (settle_args(args, nargs, 4, "checkpoint_query") < 0) return NULL;
-    CheckpointQueryObject *c = PyObject_GC_New(CheckpointQueryObject, &CheckpointQueryType);
-    if (c == NULL) return NULL;
-    c->stream = Py_NewRef(args[0]);
-    c->query = Py_NewRef(args[1]);
-    c->handle = Py_NewRef(args[2]);
-    c->history = Py_NewRef(args[3]);
-    c->started = perf_counter();
-    c->state = 0;
-    PyObject_GC_Track(c);
-    return (PyObject *)c;
-}
-
-static int CheckpointQuery_traverse(CheckpointQueryObject *c, visitproc visit, void *arg) {
-    Py_VISIT(c->stream);
-    Py_VISIT(c->query);
-    Py_VISIT(c->handle);
-    Py_VISIT(c->history);
-    return 0;
-}
-
-static int CheckpointQuery_clear(CheckpointQueryObject *c) {
-    Py_CLEAR(c->stream);
-    Py_CLEAR(c->query);
-    Py_CLEAR(c->handle);
-    Py_CLEAR(c->history);
-    return 0;
-}
-
-static void CheckpointQuery_dealloc(CheckpointQueryObject *c) {
-    PyObject_GC_UnTrack(c);
-    CheckpointQuery_clear(c);
-    PyObject_GC_Del(c);
-}
-
-/* One step: PYGEN_NEXT with None (the yield), PYGEN_RETURN with the await's value, or
- * PYGEN_ERROR. A finished one returns None again, as an exhausted yield_once() does. */
-static PySendResult CheckpointQuery_step(CheckpointQueryObject *c, PyObject **result) {
-    if (c->state == 0) {
-        c->state = 1;
-        *result = Py_NewRef(Py_None);
-        return PYGEN_NEXT;
-    }
-    if (c->state == 2) {
-        *result = Py_NewRef(Py_None);
-        return PYGEN_RETURN;
-    }
-    c->state = 2;
-    if (c->stream == NULL) { /* cleared by the collector while suspended: never awaited on */
-        PyErr_SetString(PyExc_RuntimeError, "a cleared checkpoint_query() was resumed");
-        *result = NULL;
-        return PYGEN_ERROR;
-    }
-    /* Nothing is kept once the wait moves on: the references move out first, so that the
-     * calls below cannot see them cleared under them. */
-    PyObject *stream = c->stream, *query = c->query, *handle = c->handle,
-             *history = c->history;
-    c->stream = c->query = c->handle = c->history = NULL;
-    int done = settle(stream, query, handle, (HistoryObject *)history, c->started);
-    Py_DECREF(stream);
-    Py_DECREF(query);
-    Py_DECREF(handle);
-    Py_DECREF(history);
-    if (done < 0) {
-        *result = NULL;
-        return PYGEN_ERROR;
-    }
-    *result = done ? Py_NewRef(Py_None) : PyFloat_FromDouble(c->started);
-    return *result == NULL ? PYGEN_ERROR : PYGEN_RETURN;
-}
-
-static PySendResult CheckpointQuery_send(CheckpointQueryObject *c, PyObject *Py_UNUSED(arg),
-                                         PyObject **result) {
-    return CheckpointQuery_step(c, result);
-}
-
 /* A StopIteration that the query raised, as PEP 479 turns one from a generator's body into
  * RuntimeError: through next(), it would otherwise end the await with its value. */
 static void stop_iteration_to_runtime_error(void) {
@@ -787,64 +708,10 @@ static void stop_iteration_to_runtime_error(void) {
     Py_XDECREF(cause);
 }
 
-/* next(), and send(value) as a generator has it: a StopIteration carries the await's value. */
-static PyObject *CheckpointQuery_next(CheckpointQueryObject *c) {
-    PyObject *r;
-    PySendResult s = CheckpointQuery_step(c, &r);
-    if (s == PYGEN_NEXT) return r;
-    if (s == PYGEN_RETURN) {
-        if (r != Py_None) PyErr_SetObject(PyExc_StopIteration, r); /* a float: not a tuple */
-        Py_DECREF(r);
-    } else {
-        stop_iteration_to_runtime_error();
-    }
-    return NULL;
-}
-
-static PyObject *CheckpointQuery_send_method(CheckpointQueryObject *c,
-                                             PyObject *Py_UNUSED(value)) {
-    PyObject *r = CheckpointQuery_next(c);
-    if (r == NULL && !PyErr_Occurred()) PyErr_SetNone(PyExc_StopIteration);
-    return r;
-}
-
-static PyObject *CheckpointQuery_close(CheckpointQueryObject *c, PyObject *Py_UNUSED(ignored)) {
-    c->state = 2;
-    CheckpointQuery_clear(c);
-    Py_RETURN_NONE;
-}
-
-static PyObject *CheckpointQuery_self(PyObject *self) {
+/* __await__() and __iter__() of the awaitables below: the object itself. */
+static PyObject *return_self(PyObject *self) {
     return Py_NewRef(self);
 }
-
-static PyMethodDef CheckpointQuery_methods[] = {
-    {"send", (PyCFunction)CheckpointQuery_send_method, METH_O,
-     "send(value): as next(); the value is ignored."},
-    {"close", (PyCFunction)CheckpointQuery_close, METH_NOARGS,
-     "close(): end without querying."},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyAsyncMethods CheckpointQuery_async = {
-    .am_await = CheckpointQuery_self,
-    .am_send = (sendfunc)CheckpointQuery_send,
-};
-
-static PyTypeObject CheckpointQueryType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "aiocudasem._hotpath.CheckpointQuery",
-    .tp_basicsize = sizeof(CheckpointQueryObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "An asyncio checkpoint, then the first query of a wait (see checkpoint_query()).",
-    .tp_as_async = &CheckpointQuery_async,
-    .tp_iter = CheckpointQuery_self,
-    .tp_iternext = (iternextfunc)CheckpointQuery_next,
-    .tp_methods = CheckpointQuery_methods,
-    .tp_traverse = (traverseproc)CheckpointQuery_traverse,
-    .tp_clear = (inquiry)CheckpointQuery_clear,
-    .tp_dealloc = (destructor)CheckpointQuery_dealloc,
-};
 
 /* ------------------------------------------------------------------ the event path (asyncio) */
 
@@ -900,26 +767,31 @@ static int give_event_back(SpinRecordedObject *c) {
     return rc;
 }
 
-/* On every other way out (an error, throw(), close(), the finalizer): the event back to its
- * pool, past the pool's limit if need be, and with no call of the driver, which may not be
- * called from a finalizer (the collector can run while this thread holds the driver's lock;
- * see _release.py). Keeps the error that is set; an append that fails (no memory) is reported
- * as unraisable. */
-static void return_event(SpinRecordedObject *c) {
-    PyObject *event = c->event;
-    if (event == NULL || c->pool == NULL) return;
-    c->event = NULL;
+/* An event back to `pool`, past the pool's limit if need be, and with no call of the driver,
+ * which may not be called from a finalizer (the collector can run while this thread holds the
+ * driver's lock; see _release.py). Keeps the error that is set; an append that fails (no
+ * memory) is reported as unraisable. Takes over the reference to `event`. */
+static void put_back(PyObject *pool, PyObject *event) {
 #if PY_VERSION_HEX >= 0x030C0000
     PyObject *exc = PyErr_GetRaisedException();
-    if (PyList_Append(c->pool, event) < 0) PyErr_WriteUnraisable(c->pool);
+    if (PyList_Append(pool, event) < 0) PyErr_WriteUnraisable(pool);
     PyErr_SetRaisedException(exc);
 #else
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
-    if (PyList_Append(c->pool, event) < 0) PyErr_WriteUnraisable(c->pool);
+    if (PyList_Append(pool, event) < 0) PyErr_WriteUnraisable(pool);
     PyErr_Restore(type, value, tb);
 #endif
     Py_DECREF(event);
+}
+
+/* On every other way out (an error, throw(), close(), the finalizer): the event back to its
+ * pool (put_back()). */
+static void return_event(SpinRecordedObject *c) {
+    PyObject *event = c->event;
+    if (event == NULL || c->pool == NULL) return;
+    c->event = NULL;
+    put_back(c->pool, event);
 }
 
 static int refuse_if_executing(SpinRecordedObject *c) {
@@ -984,25 +856,14 @@ static PyObject *spin_recorded(PyObject *Py_UNUSED(module), PyObject *const *arg
     PyObject *r = PyObject_VectorcallMethod(str_event_record, record_args,
                                             3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     if (r == NULL) { /* record_pooled(): the event goes back, the error propagates */
-#if PY_VERSION_HEX >= 0x030C0000
-        PyObject *exc = PyErr_GetRaisedException();
-        if (PyList_Append(pool, event) < 0) PyErr_WriteUnraisable(pool);
-        PyErr_SetRaisedException(exc);
-#else
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        if (PyList_Append(pool, event) < 0) PyErr_WriteUnraisable(pool);
-        PyErr_Restore(type, value, tb);
-#endif
-        Py_DECREF(event);
+        put_back(pool, event);
         Py_DECREF(query);
         return NULL;
     }
     Py_DECREF(r);
     SpinRecordedObject *c = PyObject_GC_New(SpinRecordedObject, &SpinRecordedType);
     if (c == NULL) {
-        if (PyList_Append(pool, event) < 0) PyErr_WriteUnraisable(pool);
-        Py_DECREF(event);
+        put_back(pool, event);
         Py_DECREF(query);
         return NULL;
     }
@@ -1177,17 +1038,8 @@ static PyObject *SpinRecorded_send_method(SpinRecordedObject *c, PyObject *Py_UN
     return r;
 }
 
-/* throw(exc) or throw(type[, value[, traceback]]): the wait ends with that error (a
- * cancellation, usually); the event goes back first. */
-static PyObject *SpinRecorded_throw(SpinRecordedObject *c, PyObject *const *args,
-                                    Py_ssize_t nargs) {
-    if (nargs < 1 || nargs > 3) {
-        PyErr_Format(PyExc_TypeError, "throw() takes 1 to 3 arguments, got %zd", nargs);
-        return NULL;
-    }
-    if (refuse_if_executing(c) < 0) return NULL;
-    c->state = 2;
-    return_event(c);
+/* The error that throw(exc) or throw(type[, value[, traceback]]) raises, set: always NULL. */
+static PyObject *raise_thrown(PyObject *const *args, Py_ssize_t nargs) {
     PyObject *typ = args[0], *val = nargs > 1 ? args[1] : Py_None,
              *tb = nargs > 2 ? args[2] : Py_None;
     if (PyExceptionInstance_Check(typ)) {
@@ -1231,6 +1083,22 @@ static PyObject *SpinRecorded_throw(SpinRecordedObject *c, PyObject *const *args
     return NULL;
 }
 
+static int throw_args(Py_ssize_t nargs) {
+    if (nargs >= 1 && nargs <= 3) return 0;
+    PyErr_Format(PyExc_TypeError, "throw() takes 1 to 3 arguments, got %zd", nargs);
+    return -1;
+}
+
+/* throw(exc) or throw(type[, value[, traceback]]): the wait ends with that error (a
+ * cancellation, usually); the event goes back first. */
+static PyObject *SpinRecorded_throw(SpinRecordedObject *c, PyObject *const *args,
+                                    Py_ssize_t nargs) {
+    if (throw_args(nargs) < 0 || refuse_if_executing(c) < 0) return NULL;
+    c->state = 2;
+    return_event(c);
+    return raise_thrown(args, nargs);
+}
+
 static PyObject *SpinRecorded_close(SpinRecordedObject *c, PyObject *Py_UNUSED(ignored)) {
     if (refuse_if_executing(c) < 0) return NULL;
     c->state = 2;
@@ -1249,7 +1117,7 @@ static PyMethodDef SpinRecorded_methods[] = {
 };
 
 static PyAsyncMethods SpinRecorded_async = {
-    .am_await = CheckpointQuery_self,
+    .am_await = return_self,
     .am_send = (sendfunc)SpinRecorded_send,
 };
 
@@ -1260,13 +1128,513 @@ static PyTypeObject SpinRecordedType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "An asyncio wait on a pooled event just recorded (see spin_recorded()).",
     .tp_as_async = &SpinRecorded_async,
-    .tp_iter = CheckpointQuery_self,
+    .tp_iter = return_self,
     .tp_iternext = (iternextfunc)SpinRecorded_next,
     .tp_methods = SpinRecorded_methods,
     .tp_traverse = (traverseproc)SpinRecorded_traverse,
     .tp_clear = (inquiry)SpinRecorded_clear,
     .tp_dealloc = (destructor)SpinRecorded_dealloc,
     .tp_finalize = (destructor)SpinRecorded_finalize,
+};
+
+/* ------------------------------------------------------------------ wait_complete() */
+
+/* Stream.wait_complete() on a stream other than the default ones, as one object that the loop
+ * drives directly: no coroutine of Python runs for an await whose work is done by its first
+ * query, the common case of short work. It finds the running loop's notifier, passes the
+ * loop's checkpoint (asyncio: one bare yield, as asyncio.sleep(0) makes; another loop: its
+ * checkpoint coroutine, here delegated to as `yield from` does), then settles: the stream must
+ * still be open (its history says), one query, and for an idle stream the history learns how
+ * long the wait took and the notifier's tally counts a completed wait. A stream still busy
+ * goes on in Python, in the coroutine of stream._wait_busy(notifier, started), delegated to
+ * in the same way; an error of the first query goes through stream._query_failed(exc), which
+ * raises what the await raises.
+ *
+ * It is a coroutine as collections.abc.Coroutine defines one (send(), throw(), close(),
+ * __await__()), so that asyncio.create_task(), anyio's and trio's task spawning take it. Like
+ * a coroutine it is awaited once: a second await raises RuntimeError. */
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t completed;
+} TallyObject;
+
+static PyMemberDef Tally_members[] = {
+    {"completed", T_PYSSIZET, offsetof(TallyObject, completed), 0,
+     "Waits that found their work complete."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyObject *Tally_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, ":Tally", kwlist)) return NULL;
+    TallyObject *t = (TallyObject *)type->tp_alloc(type, 0);
+    if (t != NULL) t->completed = 0;
+    return (PyObject *)t;
+}
+
+static PyTypeObject TallyType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aiocudasem._hotpath.Tally",
+    .tp_basicsize = sizeof(TallyObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Tally()\n--\n\nA notifier's counts that wait_complete() keeps from C.",
+    .tp_new = Tally_new,
+    .tp_members = Tally_members,
+};
+
+static PyObject *str_bare_yield, *str_checkpoint, *str__tally, *str__wait_busy,
+    *str__query_failed, *str_throw, *str_close;
+
+enum { WAIT_NEW = 0, WAIT_CHECKPOINT = 1, WAIT_BUSY = 2, WAIT_DONE = 3 };
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *stream, *query, *handle, *history, *finder;
+    PyObject *notifier; /* found at the first step */
+    PyObject *tally;    /* the notifier's */
+    PyObject *sub;      /* what the wait delegates to: a loop's checkpoint, or the busy path */
+    double started;
+    int state;
+    int executing; /* inside a call of Python: a step, throw() or close() from there refuses */
+} WaitObject;
+
+static PyTypeObject WaitType;
+
+/* wait_complete(stream, query, handle, history, finder) */
+static PyObject *wait_complete(PyObject *Py_UNUSED(module), PyObject *const *args,
+                               Py_ssize_t nargs) {
+    if (settle_args(args, nargs, 5, "wait_complete") < 0) return NULL;
+    if (!Py_IS_TYPE(args[4], &FinderType)) {
+        PyErr_Format(PyExc_TypeError, "wait_complete(): finder must be a Finder, not %.100s",
+                     Py_TYPE(args[4])->tp_name);
+        return NULL;
+    }
+    WaitObject *c = PyObject_GC_New(WaitObject, &WaitType);
+    if (c == NULL) return NULL;
+    c->stream = Py_NewRef(args[0]);
+    c->query = Py_NewRef(args[1]);
+    c->handle = Py_NewRef(args[2]);
+    c->history = Py_NewRef(args[3]);
+    c->finder = Py_NewRef(args[4]);
+    c->notifier = c->tally = c->sub = NULL;
+    c->started = 0.0;
+    c->state = WAIT_NEW;
+    c->executing = 0;
+    PyObject_GC_Track(c);
+    return (PyObject *)c;
+}
+
+static int Wait_traverse(WaitObject *c, visitproc visit, void *arg) {
+    Py_VISIT(c->stream);
+    Py_VISIT(c->query);
+    Py_VISIT(c->handle);
+    Py_VISIT(c->history);
+    Py_VISIT(c->finder);
+    Py_VISIT(c->notifier);
+    Py_VISIT(c->tally);
+    Py_VISIT(c->sub);
+    return 0;
+}
+
+static int Wait_clear(WaitObject *c) {
+    Py_CLEAR(c->stream);
+    Py_CLEAR(c->query);
+    Py_CLEAR(c->handle);
+    Py_CLEAR(c->history);
+    Py_CLEAR(c->finder);
+    Py_CLEAR(c->notifier);
+    Py_CLEAR(c->tally);
+    Py_CLEAR(c->sub);
+    return 0;
+}
+
+/* Dropped without ever being awaited: warned about as a coroutine is. */
+static void Wait_finalize(WaitObject *c) {
+    if (c->state != WAIT_NEW) return;
+    c->state = WAIT_DONE;
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *exc = PyErr_GetRaisedException();
+#else
+    PyObject *type, *exc, *tb;
+    PyErr_Fetch(&type, &exc, &tb);
+#endif
+    if (PyErr_WarnEx(PyExc_RuntimeWarning, "coroutine 'Stream.wait_complete' was never awaited",
+                     1) < 0)
+        PyErr_WriteUnraisable((PyObject *)c);
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(exc);
+#else
+    PyErr_Restore(type, exc, tb);
+#endif
+}
+
+static void Wait_dealloc(WaitObject *c) {
+    if (PyObject_CallFinalizerFromDealloc((PyObject *)c) < 0) return; /* resurrected */
+    PyObject_GC_UnTrack(c);
+    Wait_clear(c);
+    PyObject_GC_Del(c);
+}
+
+/* The wait is over: nothing is kept. */
+static void finish(WaitObject *c) {
+    c->state = WAIT_DONE;
+    Wait_clear(c);
+}
+
+static int refuse_reentry(WaitObject *c) {
+    if (!c->executing) return 0;
+    PyErr_SetString(PyExc_ValueError, "wait_complete() already executing");
+    return -1;
+}
+
+/* The iterator to delegate to for an awaitable, as `await` finds it. */
+static PyObject *awaitable_iter(PyObject *o) {
+    if (PyCoro_CheckExact(o)) return Py_NewRef(o);
+    PyTypeObject *t = Py_TYPE(o);
+    if (t->tp_as_async != NULL && t->tp_as_async->am_await != NULL) {
+        PyObject *it = t->tp_as_async->am_await(o);
+        if (it != NULL && !PyIter_Check(it)) {
+            PyErr_Format(PyExc_TypeError, "__await__() returned non-iterator of type '%.100s'",
+                         Py_TYPE(it)->tp_name);
+            Py_CLEAR(it);
+        }
+        return it;
+    }
+    PyErr_Format(PyExc_TypeError, "object %.100s can't be used in 'await' expression",
+                 t->tp_name);
+    return NULL;
+}
+
+/* Start delegating to the awaitable `aw` (a new reference, or NULL with an error set): its
+ * first step. */
+static PySendResult delegate(WaitObject *c, PyObject *aw, PyObject **result) {
+    if (aw == NULL) {
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
+    c->sub = awaitable_iter(aw);
+    Py_DECREF(aw);
+    if (c->sub == NULL) {
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
+    c->executing = 1;
+    PySendResult s = PyIter_Send(c->sub, Py_None, result);
+    c->executing = 0;
+    return s;
+}
+
+/* The notifier's checkpoint kind and tally, read once per notifier (see FinderObject). */
+static int know_notifier(FinderObject *f, PyObject *n) {
+    if (n == f->seen) return 0;
+    PyObject *bare = PyObject_GetAttr(n, str_bare_yield);
+    if (bare == NULL) return -1;
+    int is_bare = PyObject_IsTrue(bare);
+    Py_DECREF(bare);
+    if (is_bare < 0) return -1;
+    PyObject *tally = PyObject_GetAttr(n, str__tally);
+    if (tally == NULL) return -1;
+    if (!Py_IS_TYPE(tally, &TallyType)) {
+        PyErr_Format(PyExc_TypeError, "a notifier's _tally must be a Tally, not %.100s",
+                     Py_TYPE(tally)->tp_name);
+        Py_DECREF(tally);
+        return -1;
+    }
+    /* Set before the old ones go: their release can run Python code. */
+    PyObject *old = f->seen, *old_tally = f->seen_tally;
+    f->seen = Py_NewRef(n);
+    f->seen_bare = is_bare;
+    f->seen_tally = tally;
+    Py_XDECREF(old);
+    Py_XDECREF(old_tally);
+    return 0;
+}
+
+/* After the checkpoint: the first query, then done, or on to the busy path. */
+static PySendResult Wait_query(WaitObject *c, PyObject **result) {
+    c->executing = 1;
+    int done = settle(c->stream, c->query, c->handle, (HistoryObject *)c->history, c->started);
+    if (done < 0) {
+#if PY_VERSION_HEX >= 0x030C0000
+        PyObject *exc = PyErr_GetRaisedException();
+#else
+        PyObject *type, *exc, *tb;
+        PyErr_Fetch(&type, &exc, &tb);
+        PyErr_NormalizeException(&type, &exc, &tb);
+        if (tb != NULL) PyException_SetTraceback(exc, tb);
+        Py_XDECREF(type);
+        Py_XDECREF(tb);
+#endif
+        PyObject *r = PyObject_CallMethodOneArg(c->stream, str__query_failed, exc);
+        Py_DECREF(exc);
+        if (r != NULL) { /* it always raises */
+            Py_DECREF(r);
+            PyErr_SetString(PyExc_SystemError, "_query_failed() returned instead of raising");
+        }
+        c->executing = 0;
+        finish(c);
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
+    c->executing = 0;
+    if (done) {
+        ((TallyObject *)c->tally)->completed++;
+        finish(c);
+        *result = Py_NewRef(Py_None);
+        return PYGEN_RETURN;
+    }
+    c->state = WAIT_BUSY;
+    PyObject *started = PyFloat_FromDouble(c->started);
+    PyObject *aw = NULL;
+    if (started != NULL) {
+        c->executing = 1;
+        aw = PyObject_CallMethodObjArgs(c->stream, str__wait_busy, c->notifier, started, NULL);
+        c->executing = 0;
+        Py_DECREF(started);
+    }
+    /* The busy path has what it needs: nothing else is kept while it runs. */
+    Py_CLEAR(c->query);
+    Py_CLEAR(c->handle);
+    Py_CLEAR(c->history);
+    Py_CLEAR(c->finder);
+    Py_CLEAR(c->notifier);
+    Py_CLEAR(c->tally);
+    Py_CLEAR(c->stream);
+    return delegate(c, aw, result);
+}
+
+/* The first step: the notifier, then the checkpoint. */
+static PySendResult Wait_begin(WaitObject *c, PyObject **result) {
+    HistoryObject *history = (HistoryObject *)c->history;
+    if (history->closed) { /* settle()'s test, before the checkpoint too */
+        raise_closed(c->stream);
+        finish(c);
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
+    FinderObject *f = (FinderObject *)c->finder;
+    c->executing = 1;
+    PyObject *n = Finder_vectorcall(c->finder, NULL, 0, NULL);
+    int ok = n != NULL && know_notifier(f, n) == 0;
+    c->executing = 0;
+    if (!ok) {
+        Py_XDECREF(n);
+        finish(c);
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
+    c->notifier = n;
+    c->tally = Py_NewRef(f->seen_tally);
+    c->started = perf_counter();
+    c->state = WAIT_CHECKPOINT;
+    if (f->seen_bare) {
+        *result = Py_NewRef(Py_None);
+        return PYGEN_NEXT;
+    }
+    /* Read each time, not remembered: it is the notifier's to replace. */
+    c->executing = 1;
+    PyObject *aw = PyObject_CallMethodNoArgs(n, str_checkpoint);
+    c->executing = 0;
+    return delegate(c, aw, result);
+}
+
+/* After a step of the delegate that did not yield: PYGEN_RETURN with its value ends the
+ * checkpoint (on to the query) or the busy path (the await's value); PYGEN_ERROR ends all. */
+static PySendResult Wait_after_sub(WaitObject *c, PySendResult s, PyObject **result) {
+    if (s == PYGEN_NEXT) return s;
+    if (s == PYGEN_RETURN && c->state == WAIT_CHECKPOINT) {
+        Py_DECREF(*result);
+        Py_CLEAR(c->sub);
+        return Wait_query(c, result);
+    }
+    finish(c);
+    return s;
+}
+
+static PySendResult Wait_step(WaitObject *c, PyObject *value, PyObject **result) {
+    if (refuse_reentry(c) < 0) {
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
+    PySendResult s;
+    switch (c->state) {
+    case WAIT_NEW:
+        s = Wait_begin(c, result);
+        if (c->state == WAIT_CHECKPOINT && c->sub != NULL) s = Wait_after_sub(c, s, result);
+        else if (s == PYGEN_ERROR) finish(c);
+        break;
+    case WAIT_CHECKPOINT:
+        if (c->sub == NULL) {
+            s = Wait_query(c, result);
+        } else {
+            c->executing = 1;
+            s = PyIter_Send(c->sub, value, result);
+            c->executing = 0;
+            s = Wait_after_sub(c, s, result);
+        }
+        break;
+    case WAIT_BUSY:
+        c->executing = 1;
+        s = PyIter_Send(c->sub, value, result);
+        c->executing = 0;
+        if (s != PYGEN_NEXT) finish(c);
+        break;
+    default:
+        PyErr_SetString(PyExc_RuntimeError, "cannot reuse already awaited wait_complete()");
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
+    /* The busy path's first step can end the wait too */
+    if (s == PYGEN_NEXT) return s;
+    if (c->state == WAIT_BUSY) finish(c);
+    if (s == PYGEN_ERROR) stop_iteration_to_runtime_error();
+    return s;
+}
+
+static PySendResult Wait_send(WaitObject *c, PyObject *value, PyObject **result) {
+    return Wait_step(c, value, result);
+}
+
+/* A finished step as next() and send() end it: the await's value goes in a StopIteration. */
+static PyObject *next_result(PySendResult s, PyObject *r) {
+    if (s == PYGEN_NEXT) return r;
+    if (s == PYGEN_RETURN) {
+        if (r == Py_None) {
+            PyErr_SetNone(PyExc_StopIteration);
+        } else { /* wrapped: StopIteration would take a tuple as its args */
+            PyObject *stop = PyObject_CallOneArg(PyExc_StopIteration, r);
+            if (stop != NULL) {
+                PyErr_SetObject(PyExc_StopIteration, stop);
+                Py_DECREF(stop);
+            }
+        }
+        Py_DECREF(r);
+    }
+    return NULL;
+}
+
+static PyObject *Wait_next(WaitObject *c) {
+    PyObject *r;
+    PySendResult s = Wait_step(c, Py_None, &r);
+    if (s == PYGEN_RETURN && r == Py_None) { /* next() ends with no StopIteration set */
+        Py_DECREF(r);
+        return NULL;
+    }
+    return next_result(s, r);
+}
+
+static PyObject *Wait_send_method(WaitObject *c, PyObject *value) {
+    if (c->state == WAIT_NEW && value != Py_None) {
+        PyErr_SetString(PyExc_TypeError,
+                        "can't send non-None value to a just-started wait_complete()");
+        return NULL;
+    }
+    PyObject *r;
+    PySendResult s = Wait_step(c, value, &r);
+    return next_result(s, r);
+}
+
+/* The value that ended a delegate with StopIteration (a new reference), the error cleared; or
+ * NULL, the error left set, if it was another one. */
+static PyObject *stop_value(void) {
+    if (!PyErr_ExceptionMatches(PyExc_StopIteration)) return NULL;
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *exc = PyErr_GetRaisedException();
+#else
+    PyObject *type, *exc, *tb;
+    PyErr_Fetch(&type, &exc, &tb);
+    PyErr_NormalizeException(&type, &exc, &tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+#endif
+    PyObject *v = Py_NewRef(((PyStopIterationObject *)exc)->value);
+    Py_DECREF(exc);
+    return v;
+}
+
+/* throw(exc) or throw(type[, value[, traceback]]): thrown into what the wait delegates to (the
+ * loop's checkpoint, or the busy path), where there is one; else the wait ends with it. */
+static PyObject *Wait_throw(WaitObject *c, PyObject *const *args, Py_ssize_t nargs) {
+    if (throw_args(nargs) < 0 || refuse_reentry(c) < 0) return NULL;
+    if (c->sub == NULL) {
+        finish(c);
+        return raise_thrown(args, nargs);
+    }
+    PyObject *meth = PyObject_GetAttr(c->sub, str_throw);
+    if (meth == NULL) { /* no throw(): closed, then raised here, as `yield from` does */
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            finish(c);
+            return NULL;
+        }
+        PyErr_Clear();
+        c->executing = 1;
+        PyObject *r = PyObject_CallMethodNoArgs(c->sub, str_close);
+        c->executing = 0;
+        finish(c);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+        return raise_thrown(args, nargs);
+    }
+    c->executing = 1;
+    PyObject *r = PyObject_Vectorcall(meth, args, nargs, NULL);
+    c->executing = 0;
+    Py_DECREF(meth);
+    if (r != NULL) return r; /* the delegate yielded */
+    PyObject *value = stop_value();
+    if (value == NULL) { /* the delegate raised */
+        finish(c);
+        return NULL;
+    }
+    PySendResult s = Wait_after_sub(c, PYGEN_RETURN, &value);
+    if (s == PYGEN_ERROR) stop_iteration_to_runtime_error();
+    return next_result(s, value);
+}
+
+static PyObject *Wait_close(WaitObject *c, PyObject *Py_UNUSED(ignored)) {
+    if (refuse_reentry(c) < 0) return NULL;
+    PyObject *sub = c->sub;
+    c->sub = NULL;
+    finish(c);
+    if (sub != NULL) {
+        c->executing = 1;
+        PyObject *r = PyObject_CallMethodNoArgs(sub, str_close);
+        c->executing = 0;
+        Py_DECREF(sub);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Wait_methods[] = {
+    {"send", (PyCFunction)Wait_send_method, METH_O,
+     "send(value): the next step; the value goes to what the wait delegates to."},
+    {"throw", (PyCFunction)(void (*)(void))Wait_throw, METH_FASTCALL,
+     "throw(exc): raise exc where the wait is suspended."},
+    {"close", (PyCFunction)Wait_close, METH_NOARGS, "close(): end the wait now."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyAsyncMethods Wait_async = {
+    .am_await = return_self,
+    .am_send = (sendfunc)Wait_send,
+};
+
+static PyTypeObject WaitType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aiocudasem._hotpath.WaitComplete",
+    .tp_basicsize = sizeof(WaitObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The coroutine of Stream.wait_complete() (see wait_complete()).",
+    .tp_as_async = &Wait_async,
+    .tp_iter = return_self,
+    .tp_iternext = (iternextfunc)Wait_next,
+    .tp_methods = Wait_methods,
+    .tp_traverse = (traverseproc)Wait_traverse,
+    .tp_clear = (inquiry)Wait_clear,
+    .tp_dealloc = (destructor)Wait_dealloc,
+    .tp_finalize = (destructor)Wait_finalize,
 };
 
 static PyObject *set_pool_limit(PyObject *Py_UNUSED(module), PyObject *arg) {
@@ -1599,10 +1967,13 @@ static PyMethodDef module_methods[] = {
      "stream._closed_error() if the history says the stream was closed meanwhile, else "
      "query(handle); if the stream is idle, have the history learn how long the wait took, "
      "and return True."},
-    {"checkpoint_query", (PyCFunction)(void (*)(void))checkpoint_query, METH_FASTCALL,
-     "checkpoint_query(stream, query, handle, history, /) -> Awaitable[float | None]: on "
-     "asyncio, one bare yield then settle(): None if the stream was idle, else when the wait "
-     "began (a perf_counter())."},
+    {"wait_complete", (PyCFunction)(void (*)(void))wait_complete, METH_FASTCALL,
+     "wait_complete(stream, query, handle, history, finder, /) -> Coroutine: "
+     "Stream.wait_complete() on a stream other than the default ones. Finds the notifier with "
+     "`finder`, passes its checkpoint (asyncio: one bare yield; else notifier.checkpoint(), "
+     "delegated to), then settle(); idle: counts the completed wait in notifier._tally; busy: "
+     "delegates to stream._wait_busy(notifier, started); a failed first query raises through "
+     "stream._query_failed(exc)."},
     {"spin_recorded", (PyCFunction)(void (*)(void))spin_recorded, METH_FASTCALL,
      "spin_recorded(driver, device, pool, handle, history, started, ready, /) -> "
      "Awaitable[tuple[int, float] | None]: on asyncio, after the first query of "
@@ -1688,11 +2059,18 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     if (!(str_event_record = PyUnicode_InternFromString("event_record"))) return NULL;
     if (!(str_event_query = PyUnicode_InternFromString("event_query"))) return NULL;
     if (!(str_event_destroy = PyUnicode_InternFromString("event_destroy"))) return NULL;
+    if (!(str_bare_yield = PyUnicode_InternFromString("bare_yield"))) return NULL;
+    if (!(str_checkpoint = PyUnicode_InternFromString("checkpoint"))) return NULL;
+    if (!(str__tally = PyUnicode_InternFromString("_tally"))) return NULL;
+    if (!(str__wait_busy = PyUnicode_InternFromString("_wait_busy"))) return NULL;
+    if (!(str__query_failed = PyUnicode_InternFromString("_query_failed"))) return NULL;
+    if (!(str_throw = PyUnicode_InternFromString("throw"))) return NULL;
+    if (!(str_close = PyUnicode_InternFromString("close"))) return NULL;
     PyObject *m = PyModule_Create(&hotpath_module);
     if (m == NULL) return NULL;
     if (add_type(m, "LoopCheck", &LoopCheckType) < 0 || add_type(m, "Finder", &FinderType) < 0 ||
-        add_type(m, "History", &HistoryType) < 0 ||
-        PyType_Ready(&CheckpointQueryType) < 0 ||
+        add_type(m, "History", &HistoryType) < 0 || add_type(m, "Tally", &TallyType) < 0 ||
+        PyType_Ready(&WaitType) < 0 ||
         PyType_Ready(&SpinRecordedType) < 0 ||
         PyModule_AddIntConstant(m, "PROBE_EVERY", PROBE_EVERY) < 0 ||
         PyModule_AddObject(m, "IDLE_SPIN", PyFloat_FromDouble(IDLE_SPIN)) < 0 ||

@@ -1,6 +1,6 @@
 import asyncio
 import collections
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from typing import Any, Final, Literal, TypeVar
 
@@ -63,15 +63,26 @@ def settle(
     raise ``stream._closed_error()`` if ``history.closed``, else ``query(handle)``; for an
     idle stream, have ``history`` learn how long the wait took, and return True."""
 
-def checkpoint_query(
+class Tally:
+    """A notifier's counts that :func:`wait_complete` keeps from C."""
+
+    completed: int
+    """Waits that found their work complete."""
+    def __init__(self) -> None: ...
+
+def wait_complete(
     stream: Any,
     query: Callable[[int], bool],
     handle: int,
     history: History,
+    finder: Callable[[], Any],
     /,
-) -> Awaitable[float | None]:
-    """On asyncio: one bare yield, then :func:`settle`. None if the stream was idle, else when
-    the wait began (a ``time.perf_counter()``)."""
+) -> Coroutine[Any, Any, None]:
+    """``Stream.wait_complete()`` on a stream other than the default ones. Finds the notifier
+    with ``finder``, passes its checkpoint (asyncio: one bare yield; else
+    ``notifier.checkpoint()``, delegated to), then :func:`settle`; idle: counts the completed
+    wait in ``notifier._tally``; busy: delegates to ``stream._wait_busy(notifier, started)``. A
+    failed first query raises through ``stream._query_failed(exc)``."""
 
 def spin_recorded(
     driver: Any,

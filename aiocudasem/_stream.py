@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import time
+import inspect
 import warnings
 from functools import partial
-from typing import TYPE_CHECKING, Final, overload
+from typing import TYPE_CHECKING, Any, Final, NoReturn, overload
 
 import anyio
 import anyio.lowlevel
@@ -21,14 +21,12 @@ from ._errors import (
     DeviceMismatchError,
     UnsupportedFeatureError,
 )
-from ._hotpath import checkpoint_query as _checkpoint_query
-from ._hotpath import settle as _settle
 from ._hotpath import spin_recorded as _spin_recorded
+from ._hotpath import wait_complete as _wait_complete
 from ._lifetime import OnDevice, Owned
 from ._notifier import (
     History,
     Point,
-    _tuning,
     current_notifier,
     destroy_stream,
     event_pool,
@@ -49,11 +47,12 @@ from ._semaphore import (
 from ._timeline import enqueue_words
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Coroutine, Sequence
     from types import TracebackType
     from typing import Self
 
     from ._ipc import IpcEvent
+    from ._notifier import Notifier
 
 __all__ = ("Event", "HandOff", "Stream", "open_stream", "wait_external_semaphores", "wait_stream")
 
@@ -62,7 +61,6 @@ __all__ = ("Event", "HandOff", "Stream", "open_stream", "wait_external_semaphore
 #: every blocking stream, which cuStreamQuery of it may not.
 _DEFAULT_STREAMS = 2
 _U64: Final = 1 << 64
-_clock = time.perf_counter
 
 
 class Stream(OnDevice):
@@ -279,88 +277,97 @@ class Stream(OnDevice):
 
     # -------------------------------------------------------------- wait (async)
 
-    async def wait_complete(self) -> None:
-        """Wait until all work enqueued so far on this stream has completed.
+    def wait_complete(self) -> Coroutine[Any, Any, None]:
+        """Wait until all work enqueued so far on this stream has completed:
+        ``await stream.wait_complete()``.
 
         A checkpoint. Cancelling abandons the wait only: the GPU work goes on and the stream
         stays usable. Raises :class:`DeviceFaultError` if the device faults meanwhile, and
-        ``anyio.ClosedResourceError`` if another task closes (or detaches) the stream during
-        the wait's first checkpoint; closed later, the wait goes on to its end.
+        ``anyio.ClosedResourceError`` if the stream is closed when the wait begins, or if
+        another task closes (or detaches) it during the wait's first checkpoint; closed later,
+        the wait goes on to its end.
 
         The wait may also cover work that other tasks enqueue on the stream during its first
         checkpoint, never later work: it never ends early, and ends late by at most that.
+
+        It returns a coroutine (a ``collections.abc.Coroutine``, awaited once), which
+        ``asyncio.create_task()`` and the task groups of anyio and trio accept as they accept
+        that of an ``async def``. On the streams that the library waits for with a query (all
+        but the default streams) it is C: an await whose work is done by its first query runs
+        no Python.
         """
-        # The hot path of the library: every line here costs each await of short work.
+        # The hot path of the library (_hotpath.wait_complete(): see docs/architecture.md,
+        # "The hot path in C"): the checkpoint first, then one cuStreamQuery. Most short work
+        # is done by then, and such an await costs no event. After the checkpoint the C code
+        # raises the closed error if another task closed the stream meanwhile (the history's
+        # flag, which _claim() sets), queries, and for an idle stream updates the history and
+        # counts the completed wait; a busy stream goes on in _wait_busy().
+        handle = self._handle
+        if handle > _DEFAULT_STREAMS:
+            return _wait_complete(
+                self, self._driver.stream_query, handle, self._history, current_notifier
+            )
+        return self._wait_default()
+
+    async def _wait_busy(self, notifier: Notifier, started: float) -> None:
+        """The rest of :meth:`wait_complete` once its first query, after a checkpoint that
+        began at ``started`` (a ``time.perf_counter()``), found the stream busy."""
+        history = self._history
+        if history.newest is not None:
+            shared = notifier.shared_point(history, started)
+            if shared is not None:
+                await notifier.wait(shared)
+                return
+        drv, handle, pool = self._driver, self._handle, self._events
+        if notifier.bare_yield and notifier.may_spin():
+            # asyncio: the event path's record and spin in C, which hands the event over if it
+            # has to park (see Notifier.wait_recorded(), which does the same in Python on the
+            # other loops).
+            notifier._spinners += 1
+            try:
+                parked = await _spin_recorded(
+                    drv, self._device, pool, handle, history, started, notifier.ready_queue
+                )
+            finally:
+                notifier._spinners -= 1
+            if parked is None:
+                notifier._tally.completed += 1
+                return
+            event, recorded = parked
+            await notifier.wait_recorded(
+                drv, self._device, handle, event, pool, history, started, recorded
+            )
+            return
+        # A stream still busy gets its event now: it captures at most what was enqueued during
+        # the first checkpoint besides.
+        event = record_pooled(drv, self._device, pool, handle)
+        await notifier.wait_recorded(drv, self._device, handle, event, pool, history, started)
+
+    def _query_failed(self, exc: BaseException) -> NoReturn:
+        """Raise what :meth:`wait_complete` raises when its first query raised ``exc``."""
+        if isinstance(exc, DeviceFaultError):
+            # Reported as the notifier reports a fault it finds (once per device): a program
+            # whose waits all end here would otherwise raise it unlogged.
+            _log.device_fault(self._driver, self._device, exc)
+        elif isinstance(exc, CudaError) and exc.status in _CAPTURE_STATUSES:
+            raise _capturing_error(exc) from None
+        raise exc
+
+    async def _wait_default(self) -> None:
+        """:meth:`wait_complete` on a default stream, which always records its event first,
+        before its checkpoint: an event recorded on the legacy stream also waits for the work
+        of every blocking stream, which cuStreamQuery may not."""
         if not self._open:
             raise self._closed_error()
         notifier = current_notifier()
-        handle = self._handle
-        drv = self._driver
-        started = None
-        if handle > _DEFAULT_STREAMS:
-            # The checkpoint first, then one cuStreamQuery: most short work is done by then,
-            # and such an await costs no event. After the checkpoint, settle() raises the
-            # closed error if another task closed the stream meanwhile (the history's flag,
-            # which _claim() sets), queries, and for an idle stream updates the history. It is
-            # C (_hotpath), and on asyncio so is the checkpoint with it.
-            try:
-                if notifier.bare_yield:
-                    started = await _checkpoint_query(self, drv.stream_query, handle, self._history)
-                    done = started is None
-                else:
-                    started = _clock()
-                    await notifier.checkpoint()
-                    done = _settle(self, drv.stream_query, handle, self._history, started)
-            except DeviceFaultError as exc:
-                # Reported as the notifier reports a fault it finds (once per device): a
-                # program whose waits all end here would otherwise raise it unlogged.
-                _log.device_fault(drv, self._device, exc)
-                raise
-            except CudaError as exc:
-                if exc.status in _CAPTURE_STATUSES:
-                    raise _capturing_error(exc) from None
-                raise
-            if done:
-                notifier._completed += 1
-                return
-            assert started is not None
-            history = self._history
-            if history.newest is not None:
-                shared = notifier.shared_point(history, started)
-                if shared is not None:
-                    await notifier.wait(shared)
-                    return
-            if notifier.bare_yield and notifier._spinners < _tuning.current.max_spinners:
-                # asyncio: the event path's record and spin in C, which hands the event over
-                # if it has to park (see Notifier.wait_recorded(), which does the same in
-                # Python on the other loops).
-                pool = self._events
-                notifier._spinners += 1
-                try:
-                    parked = await _spin_recorded(
-                        drv, self._device, pool, handle, history, started, notifier.ready_queue
-                    )
-                finally:
-                    notifier._spinners -= 1
-                if parked is None:
-                    notifier._completed += 1
-                    return
-                event, recorded = parked
-                await notifier.wait_recorded(
-                    drv, self._device, handle, event, pool, history, started, recorded
-                )
-                return
-        elif handle == _PER_THREAD_STREAM and _capturing(drv, handle):
+        drv, handle = self._driver, self._handle
+        if handle == _PER_THREAD_STREAM and _capturing(drv, handle):
             # The one default stream that can capture: its event would be a captured one,
             # which CUDA refuses to query (CUDA_ERROR_CAPTURED_EVENT).
             raise _capturing_error(None)
-        # A stream still busy gets its event now: it captures at most what was enqueued during
-        # the checkpoint besides. The default streams always record first, before their
-        # checkpoint: an event recorded on the legacy stream also waits for the work of every
-        # blocking stream, which cuStreamQuery may not.
         pool = self._events
         event = record_pooled(drv, self._device, pool, handle)
-        await notifier.wait_recorded(drv, self._device, handle, event, pool, self._history, started)
+        await notifier.wait_recorded(drv, self._device, handle, event, pool, self._history)
 
     # -------------------------------------------------------------- lifetime
 
@@ -406,6 +413,11 @@ class Stream(OnDevice):
                 await anyio.lowlevel.checkpoint()
         finally:
             self.close()
+
+
+if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12
+    # It returns a coroutine, as an async def does: inspect.iscoroutinefunction() says so.
+    inspect.markcoroutinefunction(Stream.wait_complete)
 
 
 def _stream_handle(obj: object) -> int:

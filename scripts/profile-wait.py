@@ -83,7 +83,7 @@ class Probe:
         nf = current_notifier()
         parks = records = 0
         saved_checkpoint, saved_arm = nf.checkpoint, nf._arm
-        saved_c = _stream._checkpoint_query, _stream._spin_recorded
+        saved_c = _stream._wait_complete
         had_record = "event_record" in vars(drv)  # the real driver binds its C call there
         saved_record = drv.event_record
         if counted:
@@ -106,30 +106,36 @@ class Probe:
                 saved_arm(point)
 
             def counting_c(make: Callable[..., Any]) -> Callable[..., Any]:
-                """The C awaitables of asyncio's path yield bare, past nf.checkpoint: counted
-                around them (in this pass only)."""
+                """asyncio's checkpoints are bare yields from C, past nf.checkpoint (in
+                wait_complete() and in the spin of its busy path): counted around it, in this
+                pass only. A park yields a future, not None, and is counted apart."""
 
                 @types.coroutine
                 def counted(*args: Any) -> Any:
                     nonlocal yields
                     it = make(*args).__await__()
-                    while True:
+                    sent: Any = None
+                    thrown: BaseException | None = None
+                    while True:  # `yield from it`, counting
                         try:
-                            out = it.send(None)
+                            out = it.send(sent) if thrown is None else it.throw(thrown)
                         except StopIteration as stop:
                             return stop.value
-                        yields += 1
+                        thrown = None
+                        if out is None:
+                            yields += 1
                         try:
-                            yield out
+                            sent = yield out
                         except BaseException as exc:
-                            it.throw(exc)
+                            sent, thrown = None, exc
 
                 return counted
 
-            nf.checkpoint = counting_checkpoint  # type: ignore[method-assign]
             nf._arm = counting_arm  # type: ignore[method-assign]
-            _stream._checkpoint_query = counting_c(saved_c[0])  # type: ignore[assignment]
-            _stream._spin_recorded = counting_c(saved_c[1])  # type: ignore[assignment]
+            if nf.bare_yield:  # each bare yield once, the Python paths' included
+                _stream._wait_complete = counting_c(saved_c)
+            else:
+                nf.checkpoint = counting_checkpoint  # type: ignore[method-assign]
         sl = sleep0()
         deadline = time.perf_counter() + seconds
 
@@ -171,7 +177,7 @@ class Probe:
                     tg.start_soon({"poll": poll, "floor": floor}.get(kind, lib), h)
         finally:
             nf.checkpoint, nf._arm = saved_checkpoint, saved_arm  # type: ignore[method-assign]
-            _stream._checkpoint_query, _stream._spin_recorded = saved_c
+            _stream._wait_complete = saved_c
             if had_record:
                 drv.event_record = saved_record  # type: ignore[method-assign]
             else:

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import collections.abc
 import contextvars
 import gc
 import threading
 import time
+import types
+import warnings
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +25,7 @@ import trio
 import aiocudasem as acs
 from aiocudasem import _hotpath
 from aiocudasem._notifier import _pools, _tuning
+from aiocudasem.testing import workloads
 
 get_loop = asyncio.events._get_running_loop
 
@@ -600,66 +604,293 @@ def test_a_stream_s_history_says_when_it_is_closed_or_detached(sim: acs.Driver) 
     sim.stream_destroy(handle)
 
 
-def test_checkpoint_query_yields_once_then_settles() -> None:
-    stream, history = _Stream(), _hotpath.History()
-    it = _hotpath.checkpoint_query(stream, lambda h: True, 7, history).__await__()
-    assert next(it) is None  # the one bare yield
+class _WaitNotifier:
+    """What wait_complete() reads of a notifier: its checkpoint kind, its tally, and the test
+    of the running loop that the finder makes."""
+
+    def __init__(self, checkpoint: Any = None) -> None:
+        self.bare_yield = checkpoint is None
+        if checkpoint is not None:
+            self.checkpoint = checkpoint
+        self._tally = _hotpath.Tally()
+        self._serves_running_loop = lambda: True
+
+
+def _finder(n: _WaitNotifier) -> _hotpath.Finder:
+    return _hotpath.Finder(types.SimpleNamespace(notifier=n), [], lambda: n)
+
+
+class _WaitStream(_Stream):
+    """The busy path and the error path of a stream, recorded: the busy path yields "busy"
+    twice, answering with what it is sent, then returns."""
+
+    def __init__(self) -> None:
+        self.busy: list[tuple[Any, float]] = []
+        self.sent: list[Any] = []
+        self.failed: list[BaseException] = []
+
+    async def _wait_busy(self, notifier: Any, started: float) -> None:
+        self.busy.append((notifier, started))
+        self.sent.append(await _yield("busy"))
+        self.sent.append(await _yield("busy"))
+
+    def _query_failed(self, exc: BaseException) -> None:
+        self.failed.append(exc)
+        raise exc
+
+
+@types.coroutine
+def _yield(value: Any) -> Any:
+    return (yield value)
+
+
+def _wait(
+    stream: Any, query: Any, n: _WaitNotifier, history: _hotpath.History | None = None
+) -> Any:
+    history = history if history is not None else _hotpath.History()
+    return _hotpath.wait_complete(stream, query, 7, history, _finder(n))
+
+
+def test_wait_complete_yields_once_then_settles_and_counts() -> None:
+    stream, history, n = _WaitStream(), _hotpath.History(), _WaitNotifier()
+    w = _wait(stream, lambda h: True, n, history)
+    assert isinstance(w, collections.abc.Coroutine) and w.__await__() is w
+    assert next(w) is None  # the one bare yield
     with pytest.raises(StopIteration) as stop:
-        next(it)
+        next(w)
     assert stop.value.value is None and history.recent >= 0
-    with pytest.raises(StopIteration):
-        next(it)  # finished: as an exhausted yield_once()
+    assert n._tally.completed == 1 and stream.busy == []
+    with pytest.raises(RuntimeError, match="cannot reuse"):
+        next(w)  # awaited once, as a coroutine
 
     history = _hotpath.History()
     before = time.perf_counter()
-    it = _hotpath.checkpoint_query(stream, lambda h: False, 7, history).__await__()
-    assert it.send(None) is None
-    with pytest.raises(StopIteration) as stop:
-        it.send("ignored")
-    assert isinstance(stop.value.value, float)
-    assert before <= stop.value.value <= time.perf_counter()  # when the wait began
-    assert history.recent < 0
+    w = _wait(stream, lambda h: False, n, history)
+    assert w.send(None) is None
+    assert w.send("ignored") == "busy"  # the busy path's first yield, in the same step
+    ((notifier, started),) = stream.busy
+    assert notifier is n and before <= started <= time.perf_counter()  # when the wait began
+    assert w.send("one") == "busy"
+    with pytest.raises(StopIteration):
+        w.send("two")
+    assert stream.sent == ["one", "two"]
+    assert history.recent < 0 and n._tally.completed == 1  # the busy path counts its own
 
+    with pytest.raises(TypeError, match="5 positional"):
+        _hotpath.wait_complete(stream, bool, 7, history)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="must be a History"):
+        _hotpath.wait_complete(stream, bool, 7, None, _finder(n))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="must be a Finder"):
+        _hotpath.wait_complete(stream, bool, 7, history, lambda: n)
+    w = _wait(stream, bool, n)
+    with pytest.raises(TypeError, match="non-None"):
+        w.send(1)
+    w.close()
+
+
+def test_wait_complete_raises_the_closed_error_before_and_after_its_checkpoint() -> None:
+    stream, n = _WaitStream(), _WaitNotifier()
     asked: list[int] = []
-    it = _hotpath.checkpoint_query(stream, asked.append, 7, history).__await__()
-    next(it)
+    history = _hotpath.History()
+    history.closed = True
+    w = _wait(stream, asked.append, n, history)
+    with pytest.raises(anyio.ClosedResourceError):
+        next(w)  # no checkpoint
+    history = _hotpath.History()
+    w = _wait(stream, asked.append, n, history)
+    next(w)
     history.closed = True  # closed during the checkpoint
     with pytest.raises(anyio.ClosedResourceError):
-        next(it)
-    it = _hotpath.checkpoint_query(stream, asked.append, 7, history).__await__()
-    next(it)
-    it.close()  # ends it without a query
+        next(w)
+    w = _wait(stream, asked.append, n)
+    next(w)
+    w.close()  # ends it without a query
+    with pytest.raises(RuntimeError, match="cannot reuse"):
+        next(w)
+    assert asked == [] and n._tally.completed == 0
+    # the closed error of the settle goes the way of the query's errors; the one before the
+    # checkpoint is raised directly
+    assert [type(e) for e in stream.failed] == [anyio.ClosedResourceError]
+
+
+def test_wait_complete_delegates_to_a_loop_s_own_checkpoint() -> None:
+    """On trio: what trio.lowlevel.checkpoint() yields goes to the loop, and what the loop sends
+    back goes to it, as `yield from` would pass them."""
+    got: list[Any] = []
+
+    async def checkpoint() -> None:
+        got.append(await _yield("trap"))
+
+    stream, n = _WaitStream(), _WaitNotifier(checkpoint)
+    asked: list[int] = []
+
+    def idle(h: int) -> bool:
+        asked.append(h)
+        return True
+
+    w = _wait(stream, idle, n)
+    assert w.send(None) == "trap" and asked == []
     with pytest.raises(StopIteration):
-        next(it)
+        w.send("outcome")
+    assert got == ["outcome"] and asked == [7] and n._tally.completed == 1
+
+    # a checkpoint that raises (a cancellation) ends the wait before its query
+    async def cancelled() -> None:
+        await _yield("trap")
+        raise KeyError("cancelled")
+
+    n = _WaitNotifier(cancelled)
+    w = _wait(stream, idle, n)
+    w.send(None)
+    with pytest.raises(KeyError):
+        w.send(None)
+    assert asked == [7] and n._tally.completed == 0
+
+    # and one that is done without yielding goes straight on to the query
+    async def at_once() -> None:
+        pass
+
+    w = _wait(stream, idle, _WaitNotifier(at_once))
+    with pytest.raises(StopIteration):
+        w.send(None)
+    assert asked == [7, 7]
+
+
+def test_wait_complete_throws_into_what_it_delegates_to() -> None:
+    stream, n = _WaitStream(), _WaitNotifier()
+    asked: list[int] = []
+
+    # at its bare yield: raised there, with no query
+    w = _wait(stream, asked.append, n)
+    next(w)
+    with pytest.raises(KeyError):
+        w.throw(KeyError("x"))
+    with pytest.raises(RuntimeError, match="cannot reuse"):
+        next(w)
+
+    # never started: raised at once, as into a coroutine
+    w = _wait(stream, asked.append, n)
+    with pytest.raises(ValueError, match="v"):
+        w.throw(ValueError, ValueError("v"), None)
     assert asked == []
-    with pytest.raises(TypeError, match="4 positional"):
-        _hotpath.checkpoint_query(stream, bool, 7)  # type: ignore[call-arg]
-    with pytest.raises(TypeError, match="must be a History"):
-        _hotpath.checkpoint_query(stream, bool, 7, None)  # type: ignore[arg-type]
+
+    # in the loop's checkpoint: into it; one that swallows it goes on to the query
+    thrown: list[BaseException] = []
+
+    async def swallowing() -> None:
+        try:
+            await _yield("trap")
+        except KeyError as exc:
+            thrown.append(exc)
+
+    w = _wait(stream, lambda h: True, _WaitNotifier(swallowing))
+    assert w.send(None) == "trap"
+    with pytest.raises(StopIteration):
+        w.throw(KeyError("k"))
+    assert len(thrown) == 1
+
+    # in the busy path: into it
+    w = _wait(stream, lambda h: False, n)
+    next(w)
+    assert next(w) == "busy"
+    with pytest.raises(IndexError):
+        w.throw(IndexError("i"))
+    with pytest.raises(TypeError, match="1 to 3"):
+        w.throw()
+    with pytest.raises(TypeError, match="deriving from BaseException"):
+        _wait(stream, bool, n).throw(42)
 
 
-def test_checkpoint_query_on_asyncio_raises_a_cancellation_at_the_await() -> None:
-    async def main() -> tuple[list[int], bool]:
-        stream, history = _Stream(), _hotpath.History()
+def test_wait_complete_raises_a_failed_query_through_the_stream() -> None:
+    stream, n = _WaitStream(), _WaitNotifier()
+
+    def boom(h: int) -> bool:
+        raise KeyError(h)
+
+    w = _wait(stream, boom, n)
+    next(w)
+    with pytest.raises(KeyError):
+        next(w)
+    assert [type(e) for e in stream.failed] == [KeyError] and n._tally.completed == 0
+
+    class Quiet(_WaitStream):
+        def _query_failed(self, exc: BaseException) -> None:
+            return None  # returns instead of raising: a bug, reported as one
+
+    w = _wait(Quiet(), boom, n)
+    next(w)
+    with pytest.raises(SystemError, match="instead of raising"):
+        next(w)
+
+
+def test_wait_complete_turns_a_stop_iteration_of_the_query_into_runtime_error() -> None:
+    """Through next() a StopIteration would end the await with its value; PEP 479 makes it a
+    RuntimeError, as here."""
+    stream, n = _WaitStream(), _WaitNotifier()
+
+    def odd(h: int) -> bool:
+        raise StopIteration(42.0)
+
+    w = _wait(stream, odd, n)
+    next(w)
+    with pytest.raises(RuntimeError, match="StopIteration") as info:
+        next(w)
+    assert isinstance(info.value.__cause__, StopIteration)
+
+    async def main() -> None:
+        await _wait(stream, odd, n)
+
+    with pytest.raises(RuntimeError):
+        asyncio.run(main())
+
+
+def test_wait_complete_refuses_to_be_resumed_from_inside_its_query() -> None:
+    stream, n = _WaitStream(), _WaitNotifier()
+    seen: list[BaseException] = []
+
+    def reenter(h: int) -> bool:
+        for step in (lambda: next(w), lambda: w.send(None), w.close, lambda: w.throw(KeyError)):
+            try:
+                step()
+            except ValueError as exc:
+                seen.append(exc)
+        return True
+
+    w = _wait(stream, reenter, n)
+    next(w)
+    with pytest.raises(StopIteration):
+        next(w)
+    assert len(seen) == 4 and all("already executing" in str(e) for e in seen)
+
+
+def test_wait_complete_on_asyncio_is_a_task_s_coroutine_and_is_cancelled_at_its_yield() -> None:
+    async def main() -> tuple[list[int], bool, int]:
+        stream, n = _WaitStream(), _WaitNotifier()
         asked: list[int] = []
-
-        async def wait() -> None:
-            await _hotpath.checkpoint_query(stream, asked.append, 7, history)
-
-        task = asyncio.ensure_future(wait())
+        task = asyncio.create_task(_wait(stream, asked.append, n))
         await asyncio.sleep(0)  # the task is at its yield now
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        return asked, task.cancelled()
+        done = asyncio.create_task(_wait(stream, lambda h: True, n))
+        await done
+        return asked, task.cancelled(), n._tally.completed
 
-    assert asyncio.run(main()) == ([], True)
+    assert asyncio.run(main()) == ([], True, 1)
 
 
-def test_checkpoint_query_keeps_reference_counts_and_is_collected_in_a_cycle() -> None:
+def test_wait_complete_never_awaited_is_warned_about_as_a_coroutine() -> None:
+    w = _wait(_WaitStream(), bool, _WaitNotifier())
+    with pytest.warns(RuntimeWarning, match="never awaited"):
+        del w
+        gc.collect()
+
+
+def test_wait_complete_keeps_reference_counts_and_is_collected_in_a_cycle() -> None:
     import sys
 
-    stream, history = _Stream(), _hotpath.History()
+    stream, history, n = _WaitStream(), _hotpath.History(), _WaitNotifier()
+    finder = _finder(n)
 
     def boom(h: int) -> bool:
         raise KeyError(h)
@@ -667,24 +898,43 @@ def test_checkpoint_query_keeps_reference_counts_and_is_collected_in_a_cycle() -
     def idle(h: int) -> bool:
         return True
 
-    counted = (stream, history, idle, boom)
+    def busy(h: int) -> bool:
+        return False
+
+    finder()  # remembers n: from here on it holds it
+    with pytest.raises(StopIteration):
+        w = _hotpath.wait_complete(stream, idle, 7, history, finder)
+        next(w)
+        next(w)
+    del w
+    counted = (stream, history, idle, boom, busy, finder, n)
     before = [sys.getrefcount(o) for o in counted]
-    for query in [idle, boom, idle] * 300:
-        it = _hotpath.checkpoint_query(stream, query, 7, history).__await__()
-        next(it)
-        with pytest.raises(StopIteration if query is idle else KeyError):
-            next(it)
-        del it
-        it = _hotpath.checkpoint_query(stream, query, 7, history)
-        del it  # never awaited
+    for query in [idle, boom, busy, idle] * 300:
+        w = _hotpath.wait_complete(stream, query, 7, history, finder)
+        next(w)
+        if query is busy:
+            next(w)
+            w.close()  # in the busy path
+        else:
+            with pytest.raises(StopIteration if query is idle else KeyError):
+                next(w)
+        del w
+        w = _hotpath.wait_complete(stream, query, 7, history, finder)
+        w.close()  # never stepped
+        del w
     del query
+    stream.busy.clear()
+    stream.failed.clear()
+    gc.collect()  # the failed queries' tracebacks hold their frames in cycles
     assert [sys.getrefcount(o) for o in counted] == before
 
-    class Holder:
+    class Holder(_WaitStream):
         pass
 
     holder = Holder()
-    holder.wait = _hotpath.checkpoint_query(holder, idle, 7, history)  # type: ignore[attr-defined]
+    holder.wait = _hotpath.wait_complete(holder, busy, 7, history, finder)  # type: ignore[attr-defined]
+    next(holder.wait)  # type: ignore[attr-defined]
+    next(holder.wait)  # type: ignore[attr-defined]  (suspended in the busy path)
     gone = weakref.ref(holder)
     del holder
     gc.collect()
@@ -826,27 +1076,6 @@ def test_a_check_follows_a_change_of_the_local_class_s_name() -> None:
     finally:
         Local.name = None
     assert check() is True
-
-
-def test_checkpoint_query_turns_a_stop_iteration_of_the_query_into_runtime_error() -> None:
-    """Through next() a StopIteration would end the await with its value, as if the query had
-    said the stream was busy since then; PEP 479 makes it a RuntimeError, as here."""
-    stream, history = _Stream(), _hotpath.History()
-
-    def odd(h: int) -> bool:
-        raise StopIteration(42.0)
-
-    it = _hotpath.checkpoint_query(stream, odd, 7, history).__await__()
-    next(it)
-    with pytest.raises(RuntimeError, match="StopIteration") as info:
-        next(it)
-    assert isinstance(info.value.__cause__, StopIteration)
-
-    async def main() -> None:
-        await _hotpath.checkpoint_query(stream, odd, 7, history)
-
-    with pytest.raises(RuntimeError):
-        asyncio.run(main())
 
 
 # ------------------------------------------------------------------ the event path on asyncio
@@ -1536,3 +1765,52 @@ def test_wake_in_turn_wakes_every_future_even_when_one_fails() -> None:
         return out
 
     assert asyncio.run(main()) == {0: "woke", 1: "woke", 2: "woke"}
+
+
+# ------------------------------------------------------------------ wait_complete() as a coroutine
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop", "trio"])
+def test_wait_complete_is_a_coroutine_that_every_loop_s_task_spawning_takes(
+    sim: acs.Driver, loop: str
+) -> None:
+    """The object that Stream.wait_complete() returns is C, not an async def's coroutine: the
+    ways of starting a task that users hand it to take it all the same."""
+    import inspect
+    import sys
+
+    if sys.version_info >= (3, 12):
+        assert inspect.iscoroutinefunction(acs.Stream.wait_complete)
+    work = workloads(sim)
+    waited: list[str] = []
+
+    async def main() -> None:
+        async with acs.open_stream(driver=sim) as s:
+            assert isinstance(s.wait_complete(), collections.abc.Coroutine)  # closed below
+            work.launch_spin(s.handle, 2_000_000)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(s.wait_complete)
+            waited.append("anyio")
+            if loop == "trio":
+                work.launch_spin(s.handle, 2_000_000)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(s.wait_complete)
+                waited.append("trio")
+            else:
+                work.launch_spin(s.handle, 2_000_000)
+                await asyncio.create_task(s.wait_complete())
+                await asyncio.wait_for(s.wait_complete(), 30)
+                waited.append("asyncio")
+            assert s.query()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the one never awaited
+        if loop == "uvloop":
+            uvloop = pytest.importorskip("uvloop")
+            anyio.run(
+                main, backend="asyncio", backend_options={"loop_factory": uvloop.new_event_loop}
+            )
+        else:
+            anyio.run(main, backend=loop)
+        gc.collect()
+    assert waited == ["anyio", "trio" if loop == "trio" else "asyncio"]

@@ -59,13 +59,11 @@ class Notifier:
         #: The loop's checkpoint, looked up once: what anyio's backend runs for
         #: anyio.lowlevel.checkpoint(), called directly (one coroutine frame less per yield).
         self.checkpoint = _checkpoint_of(library, backend)
-        #: The checkpoint is asyncio's bare yield: Stream.wait_complete() passes it and its
-        #: first query in one C awaitable (``_hotpath.checkpoint_query``).
-        self.bare_yield = self.checkpoint is _notify.yield_once
+        self._bare_yield = self.checkpoint is _notify.yield_once
         #: asyncio's queue of ready callbacks, where the loop has one to read (not uvloop): a
         #: spin on asyncio queries again without yielding while it is empty (see
         #: ``_hotpath.spin_recorded``).
-        self.ready_queue = _ready_queue_of(token) if self.bare_yield else None
+        self.ready_queue = _ready_queue_of(token) if self._bare_yield else None
         #: Makes the sleeper of one parked coroutine, native to the loop (see _sleepers).
         self._new_sleeper = sleeper_factory(library, backend, token)
         #: Wakes the sleepers of a list, in order, skipping those done (see _sleepers).
@@ -102,7 +100,9 @@ class Notifier:
         self._watched: dict[tuple[Driver, int], int] = {}  # devices of parked points -> count
         self._check = False  # set by the watchdog thread: a device parked on has faulted
         self._wakeups = 0  # times a drainer woke from the fd
-        self._completed = 0  # waits of this loop that found their work complete
+        #: Waits of this loop that found their work complete (``_hotpath.wait_complete``
+        #: counts there from C).
+        self._tally = _hotpath.Tally()
         self._faulted = 0  # points of this loop failed by a device fault
         self._lifetime: AsyncGenerator[None, None] | None = None
         self.closed = False
@@ -111,6 +111,22 @@ class Notifier:
 
     def fileno(self) -> int:
         return self._fd
+
+    @property
+    def bare_yield(self) -> bool:
+        """The checkpoint is asyncio's bare yield, which ``Stream.wait_complete()`` yields from
+        C (``_hotpath.wait_complete``, which reads this once per notifier); on the other loops
+        it delegates to :attr:`checkpoint`, read at each wait."""
+        return self._bare_yield
+
+    @property
+    def _completed(self) -> int:
+        return self._tally.completed
+
+    def may_spin(self) -> bool:
+        """Whether one more coroutine may spin (query between checkpoints) now: fewer than
+        ``max_spinners`` do."""
+        return self._spinners < _tuning.current.max_spinners
 
     # ------------------------------------------------------------------ lifetime
 
@@ -204,7 +220,7 @@ class Notifier:
                     ready = query(event)
                 else:
                     ready = False
-                if not ready and self._spinners < _tuning.current.max_spinners:
+                if not ready and self.may_spin():
                     deadline = started + history.spin_window()
                     if deadline > started:
                         checkpoint = self.checkpoint
@@ -221,7 +237,7 @@ class Notifier:
                 give_back(driver, pool, event)
                 raise
             if ready:
-                self._completed += 1
+                self._tally.completed += 1
                 history.learn(clock() - started)
                 give_back(driver, pool, event)
                 return
@@ -326,7 +342,7 @@ class Notifier:
         fault = None
         if not point.done:
             if error is None:
-                self._completed += 1
+                self._tally.completed += 1
             elif isinstance(error, DeviceFaultError):
                 self._faulted += 1
                 fault = error
@@ -375,7 +391,7 @@ class Notifier:
         for a while if this stream's waits tend to be short, and not more than
         ``max_spinners`` coroutines at a time."""
         window = point.history.spin_window()
-        if window <= 0 or self._spinners >= _tuning.current.max_spinners:
+        if window <= 0 or not self.may_spin():
             return
         deadline = point.started + window
         checkpoint, query, clock = self.checkpoint, self._query, time.perf_counter
