@@ -1152,7 +1152,11 @@ static PyTypeObject SpinRecordedType = {
  *
  * It is a coroutine as collections.abc.Coroutine defines one (send(), throw(), close(),
  * __await__()), so that asyncio.create_task(), anyio's and trio's task spawning take it. Like
- * a coroutine it is awaited once: a second await raises RuntimeError. */
+ * a coroutine it is awaited once: a second await raises RuntimeError.
+ *
+ * It is made for asyncio's bare yield. In a thread whose last wait found a loop with a
+ * checkpoint coroutine (trio), wait_complete() returns stream._wait_generic() instead, the
+ * same steps as a Python coroutine (see below). */
 
 typedef struct {
     PyObject_HEAD
@@ -1184,7 +1188,7 @@ static PyTypeObject TallyType = {
 };
 
 static PyObject *str_bare_yield, *str_checkpoint, *str__tally, *str__wait_busy,
-    *str__query_failed, *str_throw, *str_close;
+    *str__query_failed, *str_throw, *str_close, *str__wait_generic;
 
 enum { WAIT_NEW = 0, WAIT_CHECKPOINT = 1, WAIT_BUSY = 2, WAIT_DONE = 3 };
 
@@ -1210,6 +1214,14 @@ static PyObject *wait_complete(PyObject *Py_UNUSED(module), PyObject *const *arg
                      Py_TYPE(args[4])->tp_name);
         return NULL;
     }
+    /* A thread whose last wait ran on a loop with a checkpoint coroutine (trio) gets the Python
+     * coroutine: from C, each step of that checkpoint would enter the interpreter anew, which
+     * costs more than the Python frame it saves (Python 3.12 runs an await of a coroutine by
+     * a coroutine inline). Either one serves any loop: this only picks the faster. */
+    FinderObject *f = (FinderObject *)args[4];
+    if (f->seen != NULL && !f->seen_bare && f->seen == f->last &&
+        f->ident == PyThreadState_GetID(PyThreadState_Get()))
+        return PyObject_CallMethodNoArgs(args[0], str__wait_generic);
     WaitObject *c = PyObject_GC_New(WaitObject, &WaitType);
     if (c == NULL) return NULL;
     c->stream = Py_NewRef(args[0]);
@@ -1313,7 +1325,9 @@ static PySendResult delegate(WaitObject *c, PyObject *aw, PyObject **result) {
         *result = NULL;
         return PYGEN_ERROR;
     }
+    c->executing = 1;
     c->sub = awaitable_iter(aw);
+    c->executing = 0;
     Py_DECREF(aw);
     if (c->sub == NULL) {
         *result = NULL;
@@ -1325,27 +1339,35 @@ static PySendResult delegate(WaitObject *c, PyObject *aw, PyObject **result) {
     return s;
 }
 
-/* The notifier's checkpoint kind and tally, read once per notifier (see FinderObject). */
-static int know_notifier(FinderObject *f, PyObject *n) {
-    if (n == f->seen) return 0;
+/* The notifier's checkpoint kind and tally (a new reference), read once per notifier and
+ * remembered in the finder (see FinderObject). They are handed out before the finder lets go
+ * of the notifier it remembered: that release can run Python code, even another wait that
+ * changes what the finder remembers. */
+static int know_notifier(FinderObject *f, PyObject *n, int *is_bare, PyObject **tally) {
+    if (n == f->seen) {
+        *is_bare = f->seen_bare;
+        *tally = Py_NewRef(f->seen_tally);
+        return 0;
+    }
     PyObject *bare = PyObject_GetAttr(n, str_bare_yield);
     if (bare == NULL) return -1;
-    int is_bare = PyObject_IsTrue(bare);
+    int b = PyObject_IsTrue(bare);
     Py_DECREF(bare);
-    if (is_bare < 0) return -1;
-    PyObject *tally = PyObject_GetAttr(n, str__tally);
-    if (tally == NULL) return -1;
-    if (!Py_IS_TYPE(tally, &TallyType)) {
+    if (b < 0) return -1;
+    PyObject *t = PyObject_GetAttr(n, str__tally);
+    if (t == NULL) return -1;
+    if (!Py_IS_TYPE(t, &TallyType)) {
         PyErr_Format(PyExc_TypeError, "a notifier's _tally must be a Tally, not %.100s",
-                     Py_TYPE(tally)->tp_name);
-        Py_DECREF(tally);
+                     Py_TYPE(t)->tp_name);
+        Py_DECREF(t);
         return -1;
     }
-    /* Set before the old ones go: their release can run Python code. */
+    *is_bare = b;
+    *tally = Py_NewRef(t);
     PyObject *old = f->seen, *old_tally = f->seen_tally;
     f->seen = Py_NewRef(n);
-    f->seen_bare = is_bare;
-    f->seen_tally = tally;
+    f->seen_bare = b;
+    f->seen_tally = t;
     Py_XDECREF(old);
     Py_XDECREF(old_tally);
     return 0;
@@ -1414,9 +1436,11 @@ static PySendResult Wait_begin(WaitObject *c, PyObject **result) {
         return PYGEN_ERROR;
     }
     FinderObject *f = (FinderObject *)c->finder;
+    int is_bare = 0;
+    PyObject *tally = NULL;
     c->executing = 1;
     PyObject *n = Finder_vectorcall(c->finder, NULL, 0, NULL);
-    int ok = n != NULL && know_notifier(f, n) == 0;
+    int ok = n != NULL && know_notifier(f, n, &is_bare, &tally) == 0;
     c->executing = 0;
     if (!ok) {
         Py_XDECREF(n);
@@ -1425,10 +1449,10 @@ static PySendResult Wait_begin(WaitObject *c, PyObject **result) {
         return PYGEN_ERROR;
     }
     c->notifier = n;
-    c->tally = Py_NewRef(f->seen_tally);
+    c->tally = tally;
     c->started = perf_counter();
     c->state = WAIT_CHECKPOINT;
-    if (f->seen_bare) {
+    if (is_bare) {
         *result = Py_NewRef(Py_None);
         return PYGEN_NEXT;
     }
@@ -1458,6 +1482,15 @@ static PySendResult Wait_step(WaitObject *c, PyObject *value, PyObject **result)
         return PYGEN_ERROR;
     }
     PySendResult s;
+    if ((c->state == WAIT_NEW || c->state == WAIT_CHECKPOINT) ?
+            (c->stream == NULL || c->history == NULL) :
+            (c->state == WAIT_BUSY && c->sub == NULL)) {
+        /* cleared by the collector while suspended */
+        finish(c);
+        PyErr_SetString(PyExc_RuntimeError, "a cleared wait_complete() was resumed");
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
     switch (c->state) {
     case WAIT_NEW:
         s = Wait_begin(c, result);
@@ -1557,8 +1590,29 @@ static PyObject *stop_value(void) {
  * loop's checkpoint, or the busy path), where there is one; else the wait ends with it. */
 static PyObject *Wait_throw(WaitObject *c, PyObject *const *args, Py_ssize_t nargs) {
     if (throw_args(nargs) < 0 || refuse_reentry(c) < 0) return NULL;
-    if (c->sub == NULL) {
+    if (c->state == WAIT_DONE) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot reuse already awaited wait_complete()");
+        return NULL;
+    }
+    if (c->sub == NULL) { /* not started, or at the bare yield: raised here */
         finish(c);
+        raise_thrown(args, nargs);
+        stop_iteration_to_runtime_error();
+        return NULL;
+    }
+    if (PyExceptionClass_Check(args[0]) ?
+            PyErr_GivenExceptionMatches(args[0], PyExc_GeneratorExit) :
+            PyObject_TypeCheck(args[0], (PyTypeObject *)PyExc_GeneratorExit)) {
+        /* as `yield from` has it: the delegate is closed, then it is raised here */
+        PyObject *sub = c->sub;
+        c->sub = NULL;
+        finish(c);
+        c->executing = 1;
+        PyObject *r = PyObject_CallMethodNoArgs(sub, str_close);
+        c->executing = 0;
+        Py_DECREF(sub);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
         return raise_thrown(args, nargs);
     }
     PyObject *meth = PyObject_GetAttr(c->sub, str_throw);
@@ -1587,6 +1641,7 @@ static PyObject *Wait_throw(WaitObject *c, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     PySendResult s = Wait_after_sub(c, PYGEN_RETURN, &value);
+    if (s != PYGEN_NEXT && c->state != WAIT_DONE) finish(c); /* the busy path ended at once */
     if (s == PYGEN_ERROR) stop_iteration_to_runtime_error();
     return next_result(s, value);
 }
@@ -1616,8 +1671,32 @@ static PyMethodDef Wait_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* __await__(): awaited while another await of it is suspended, it refuses, as a coroutine
+ * does (a finished one is refused at its next step). */
+static PyObject *Wait_await(WaitObject *c) {
+    if (c->state == WAIT_CHECKPOINT || c->state == WAIT_BUSY) {
+        PyErr_SetString(PyExc_RuntimeError, "wait_complete() is being awaited already");
+        return NULL;
+    }
+    return Py_NewRef(c);
+}
+
+static PyObject *Wait_get_name(WaitObject *Py_UNUSED(c), void *Py_UNUSED(closure)) {
+    return PyUnicode_FromString("wait_complete");
+}
+
+static PyObject *Wait_get_qualname(WaitObject *Py_UNUSED(c), void *Py_UNUSED(closure)) {
+    return PyUnicode_FromString("Stream.wait_complete");
+}
+
+static PyGetSetDef Wait_getset[] = {
+    {"__name__", (getter)Wait_get_name, NULL, "The coroutine's name, as a coroutine has it.", NULL},
+    {"__qualname__", (getter)Wait_get_qualname, NULL, "Its qualified name.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyAsyncMethods Wait_async = {
-    .am_await = return_self,
+    .am_await = (unaryfunc)Wait_await,
     .am_send = (sendfunc)Wait_send,
 };
 
@@ -1631,6 +1710,7 @@ static PyTypeObject WaitType = {
     .tp_iter = return_self,
     .tp_iternext = (iternextfunc)Wait_next,
     .tp_methods = Wait_methods,
+    .tp_getset = Wait_getset,
     .tp_traverse = (traverseproc)Wait_traverse,
     .tp_clear = (inquiry)Wait_clear,
     .tp_dealloc = (destructor)Wait_dealloc,
@@ -1973,7 +2053,8 @@ static PyMethodDef module_methods[] = {
      "`finder`, passes its checkpoint (asyncio: one bare yield; else notifier.checkpoint(), "
      "delegated to), then settle(); idle: counts the completed wait in notifier._tally; busy: "
      "delegates to stream._wait_busy(notifier, started); a failed first query raises through "
-     "stream._query_failed(exc)."},
+     "stream._query_failed(exc). In a thread whose last wait ran on a loop with a checkpoint "
+     "coroutine (trio): stream._wait_generic() instead."},
     {"spin_recorded", (PyCFunction)(void (*)(void))spin_recorded, METH_FASTCALL,
      "spin_recorded(driver, device, pool, handle, history, started, ready, /) -> "
      "Awaitable[tuple[int, float] | None]: on asyncio, after the first query of "
@@ -2066,6 +2147,7 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     if (!(str__query_failed = PyUnicode_InternFromString("_query_failed"))) return NULL;
     if (!(str_throw = PyUnicode_InternFromString("throw"))) return NULL;
     if (!(str_close = PyUnicode_InternFromString("close"))) return NULL;
+    if (!(str__wait_generic = PyUnicode_InternFromString("_wait_generic"))) return NULL;
     PyObject *m = PyModule_Create(&hotpath_module);
     if (m == NULL) return NULL;
     if (add_type(m, "LoopCheck", &LoopCheckType) < 0 || add_type(m, "Finder", &FinderType) < 0 ||

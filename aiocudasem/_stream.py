@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import time
 import warnings
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, NoReturn, overload
@@ -21,6 +22,7 @@ from ._errors import (
     DeviceMismatchError,
     UnsupportedFeatureError,
 )
+from ._hotpath import settle as _settle
 from ._hotpath import spin_recorded as _spin_recorded
 from ._hotpath import wait_complete as _wait_complete
 from ._lifetime import OnDevice, Owned
@@ -61,6 +63,7 @@ __all__ = ("Event", "HandOff", "Stream", "open_stream", "wait_external_semaphore
 #: every blocking stream, which cuStreamQuery of it may not.
 _DEFAULT_STREAMS = 2
 _U64: Final = 1 << 64
+_clock = time.perf_counter
 
 
 class Stream(OnDevice):
@@ -292,9 +295,9 @@ class Stream(OnDevice):
 
         It returns a coroutine (a ``collections.abc.Coroutine``, awaited once), which
         ``asyncio.create_task()`` and the task groups of anyio and trio accept as they accept
-        that of an ``async def``. On the streams that the library waits for with a query (all
-        but the default streams) it is C: an await whose work is done by its first query runs
-        no Python.
+        that of an ``async def``. On asyncio, on the streams that the library waits for with a
+        query (all but the default streams), it is C: an await whose work is done by its first
+        query runs no Python. On trio it is an ``async def``'s.
         """
         # The hot path of the library (_hotpath.wait_complete(): see docs/architecture.md,
         # "The hot path in C"): the checkpoint first, then one cuStreamQuery. Most short work
@@ -308,6 +311,25 @@ class Stream(OnDevice):
                 self, self._driver.stream_query, handle, self._history, current_notifier
             )
         return self._wait_default()
+
+    async def _wait_generic(self) -> None:
+        """:meth:`wait_complete` as a Python coroutine, for a loop whose checkpoint is a
+        coroutine (trio): awaited from Python, that checkpoint runs inline, where the C
+        coroutine would enter the interpreter anew for each of its steps. The C one returns
+        this when the thread's last wait ran on such a loop; the steps are the same."""
+        if not self._open:
+            raise self._closed_error()
+        notifier = current_notifier()
+        started = _clock()
+        await notifier.checkpoint()
+        try:
+            done = _settle(self, self._driver.stream_query, self._handle, self._history, started)
+        except BaseException as exc:  # _query_failed() raises what applies
+            self._query_failed(exc)
+        if done:
+            notifier._completed_here += 1
+            return
+        await self._wait_busy(notifier, started)
 
     async def _wait_busy(self, notifier: Notifier, started: float) -> None:
         """The rest of :meth:`wait_complete` once its first query, after a checkpoint that
@@ -331,7 +353,7 @@ class Stream(OnDevice):
             finally:
                 notifier._spinners -= 1
             if parked is None:
-                notifier._tally.completed += 1
+                notifier._completed_here += 1
                 return
             event, recorded = parked
             await notifier.wait_recorded(
@@ -415,9 +437,13 @@ class Stream(OnDevice):
             self.close()
 
 
-if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12
-    # It returns a coroutine, as an async def does: inspect.iscoroutinefunction() says so.
+# It returns a coroutine, as an async def does, and says so to those that ask the function.
+if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12: inspect and asyncio both
     inspect.markcoroutinefunction(Stream.wait_complete)
+else:  # Python 3.11: asyncio.iscoroutinefunction() (and unittest.mock) read this marker
+    import asyncio.coroutines
+
+    Stream.wait_complete._is_coroutine = asyncio.coroutines._is_coroutine  # type: ignore[attr-defined]
 
 
 def _stream_handle(obj: object) -> int:

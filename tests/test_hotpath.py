@@ -789,6 +789,20 @@ def test_wait_complete_throws_into_what_it_delegates_to() -> None:
         w.throw(KeyError("k"))
     assert len(thrown) == 1
 
+    # ... and one whose stream is busy then, with a busy path that ends at once, is over
+    class Quick(_WaitStream):
+        async def _wait_busy(self, notifier: Any, started: float) -> None:
+            self.busy.append((notifier, started))
+
+    quick = Quick()
+    w = _wait(quick, lambda h: False, _WaitNotifier(swallowing))
+    assert w.send(None) == "trap"
+    with pytest.raises(StopIteration):
+        w.throw(KeyError("k"))
+    assert len(quick.busy) == 1
+    with pytest.raises(RuntimeError, match="cannot reuse"):
+        next(w)
+
     # in the busy path: into it
     w = _wait(stream, lambda h: False, n)
     next(w)
@@ -1814,3 +1828,148 @@ def test_wait_complete_is_a_coroutine_that_every_loop_s_task_spawning_takes(
             anyio.run(main, backend=loop)
         gc.collect()
     assert waited == ["anyio", "trio" if loop == "trio" else "asyncio"]
+
+
+def test_wait_complete_is_c_on_asyncio_and_python_on_trio_after_the_thread_s_first_wait(
+    sim: acs.Driver,
+) -> None:
+    """On trio the checkpoint is a coroutine, which runs inline only when a Python coroutine
+    awaits it: a thread whose last wait ran on trio gets the Python coroutine. Either kind
+    serves either loop, so a thread that moves from one loop to the other gets one wait of the
+    other kind, and is right all the same."""
+    import inspect
+
+    async def kinds() -> list[bool]:
+        async with acs.open_stream(driver=sim) as s:
+            out = []
+            for _ in range(3):
+                workloads(sim).launch_spin(s.handle, 1_000_000)
+                w = s.wait_complete()
+                out.append(inspect.iscoroutine(w))  # an async def's: Python
+                await w
+                assert s.query()
+            return out
+
+    anyio.run(kinds, backend="asyncio")  # whatever the thread's last loop was
+    assert anyio.run(kinds, backend="asyncio") == [False, False, False]
+    assert anyio.run(kinds, backend="trio") == [False, True, True]
+    assert anyio.run(kinds, backend="asyncio") == [True, False, False]
+
+
+def test_wait_complete_throws_and_awaits_as_a_coroutine_would() -> None:
+    stream, n = _WaitStream(), _WaitNotifier()
+
+    # a StopIteration thrown in is a RuntimeError (PEP 479), at the bare yield or before it
+    for steps in (0, 1):
+        w = _wait(stream, lambda h: True, n)
+        for _ in range(steps):
+            next(w)
+        with pytest.raises(RuntimeError, match="StopIteration"):
+            w.throw(StopIteration(5))
+        # ... and a finished one refuses a throw as it refuses a step
+        with pytest.raises(RuntimeError, match="cannot reuse"):
+            w.throw(KeyError("late"))
+
+    # awaited by a second awaiter while suspended: refused
+    w = _wait(stream, lambda h: True, n)
+    next(w)
+    with pytest.raises(RuntimeError, match="awaited already"):
+        w.__await__()
+    w.close()
+
+    # GeneratorExit thrown in while it delegates: the delegate is closed, as `yield from` has it
+    closed: list[str] = []
+
+    async def checkpoint() -> None:
+        try:
+            await _yield("trap")
+        except GeneratorExit:
+            closed.append("closed")
+            raise
+
+    w = _wait(stream, lambda h: True, _WaitNotifier(checkpoint))
+    assert w.send(None) == "trap"
+    with pytest.raises(GeneratorExit):
+        w.throw(GeneratorExit)
+    assert closed == ["closed"]
+    assert w.__name__ == "wait_complete" and w.__qualname__ == "Stream.wait_complete"
+
+
+def test_wait_complete_refuses_a_step_from_inside_its_busy_path_s_await() -> None:
+    """A busy path whose awaitable steps the wait from its __await__ is refused, not run on a
+    half-made delegation."""
+    seen: list[BaseException] = []
+
+    class Odd:
+        def __await__(self) -> Any:
+            try:
+                w.send(None)
+            except ValueError as exc:
+                seen.append(exc)
+            return iter(())
+
+    class Stream(_WaitStream):
+        def _wait_busy(self, notifier: Any, started: float) -> Any:  # type: ignore[override]
+            return Odd()
+
+    w = _wait(Stream(), lambda h: False, _WaitNotifier())
+    next(w)
+    with pytest.raises(StopIteration):
+        next(w)
+    assert len(seen) == 1 and "already executing" in str(seen[0])
+
+
+def test_wait_complete_keeps_its_notifier_s_kind_when_a_release_runs_another_wait() -> None:
+    """The finder remembers the kind and tally of the last notifier a wait found; when letting
+    go of the one before runs Python code (its release) that waits on a third notifier, the
+    wait that found the new one still gets that one's kind and tally."""
+    current: list[Any] = [None]
+
+    class Notifier(_WaitNotifier):
+        def __init__(self, checkpoint: Any = None, on_release: Any = None) -> None:
+            super().__init__(checkpoint)
+            del self._serves_running_loop  # the method below: no cycle, released at once
+            self.on_release = on_release
+
+        def _serves_running_loop(self) -> bool:
+            return current[0] is self
+
+        def __del__(self) -> None:
+            if self.on_release is not None:
+                self.on_release()
+
+    finder = _hotpath.Finder(types.SimpleNamespace(notifier=None), [], lambda: current[0])
+
+    class Stream(_WaitStream):
+        async def _wait_generic(self) -> None:  # what a thread whose last wait was trio's gets
+            raise AssertionError("not here: the finder's last notifier is bare each time")
+
+    def run(n: Any) -> list[Any]:
+        current[0] = n
+        w = _hotpath.wait_complete(Stream(), lambda h: True, 7, _hotpath.History(), finder)
+        out = [w.send(None)]
+        with pytest.raises(StopIteration):
+            w.send(None)
+        return out
+
+    third = Notifier()  # bare
+    released: list[list[Any]] = []
+
+    def release() -> None:
+        saved = current[0]
+        current[0] = third
+        finder()  # the finder now remembers the third as the thread's notifier
+        released.append(run(third))  # and a wait from the release sees it first
+        current[0] = saved
+
+    first = Notifier(on_release=release)
+    run(first)  # the finder remembers it
+    del first
+
+    async def checkpoint() -> None:
+        await _yield("trap")
+
+    second = Notifier(checkpoint)
+    assert run(second) == ["trap"]  # its own checkpoint, not a bare yield
+    assert released == [[None]]  # the release's wait, on the bare third, ran meanwhile
+    assert (second._tally.completed, third._tally.completed) == (1, 1)  # each its own
