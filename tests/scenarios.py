@@ -95,8 +95,10 @@ class Scale:
     # Cycles/s that every event loop must reach. The defect this guards against woke each
     # plain await on the watchdog (about 110 ms each, about 90 cycles/s); trio's heavier
     # checkpoints and cancel scopes make it the slowest loop (H200 host: trio 3.7-4.3k/s,
-    # asyncio 5.7-6.1k/s on the GPU; 3.1-4.4k/s on the simulator), so the floors sit well under
-    # trio and far above the defect. The sharper check is storm_plain_limit_s.
+    # asyncio 5.7-6.1k/s on the GPU; 3.1-4.4k/s on the simulator on an idle two-core host, but
+    # 1.0-1.8k/s on a shared two-core CI host under load), so the floors sit under the slowest
+    # host and still five times and more above the defect. The sharper check is
+    # storm_plain_limit_s, which fails the defect's every plain await on any host.
     storm_floor: float
     storm_plain_limit_s: float = 0.050  # every 10th (plain) await of the storm
 
@@ -115,7 +117,7 @@ SIM = Scale(
     order_lateness_s=0.030,
     crowd_seconds=2.0,
     storm_cycles=20_000,
-    storm_floor=2_000.0,
+    storm_floor=500.0,
 )
 
 
