@@ -52,6 +52,8 @@ async def send_semaphore(
         )
     if isinstance(fd, bool) or not isinstance(fd, int):
         raise TypeError(f"fd must be an int file descriptor, not {type(fd).__name__}")
+    if not 0 <= fd < 1 << 31:
+        raise ValueError(f"fd must be in [0, 2**31), got {fd}")
     try:
         os.fstat(fd)
     except OSError as exc:

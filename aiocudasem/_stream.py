@@ -123,8 +123,9 @@ class Stream(OnDevice):
         """Borrow a foreign stream: an object with ``__cuda_stream__`` (cuda.core, CuPy,
         PyTorch, Numba, or our own Stream) or a raw ``CUstream`` handle as an int.
 
-        The result never destroys the stream; ``aclose()`` only forgets it. Our own Stream is
-        returned as it is. Raises ``TypeError`` for anything else (a ``bool`` included, or a
+        A foreign stream is borrowed: the result never destroys it, and ``aclose()`` only
+        forgets it. Our own Stream is returned as it is, owned or not, so closing the result
+        closes it. Raises ``TypeError`` for anything else (a ``bool`` included, or a
         ``__cuda_stream__`` that does not give a pair of ints); ``ValueError`` for a handle
         outside [0, 2**64) (a negative one included), given or from ``__cuda_stream__``, for a
         ``__cuda_stream__`` of a protocol version other than 0, or for one that raised

@@ -345,20 +345,31 @@ def _check_fd(fd: object) -> int:
     """``fd`` as the fd of a host timeline's page: ``TypeError`` or ``ValueError`` otherwise."""
     if isinstance(fd, bool) or not isinstance(fd, int):
         raise TypeError(f"fd must be an int file descriptor, not {type(fd).__name__}")
+    if not 0 <= fd < 1 << 31:
+        raise ValueError(f"fd must be in [0, 2**31), got {fd}")
     try:
         st = os.fstat(fd)
+        mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
     except OSError as exc:
         raise ValueError(f"fd {fd} is not an open file descriptor: {exc.strerror}") from None
     what = f"fd {fd} is not a host timeline's (one from HostTimeline.export_fd())"
     if not stat.S_ISREG(st.st_mode) or st.st_size != _SIZE:
         raise ValueError(f"{what}: not a file of {_SIZE} bytes")
+    if mode != os.O_RDWR:
+        raise ValueError(
+            f"fd {fd} is not open for reading and writing, as a host timeline's page must be"
+        )
     try:
         seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
     except OSError:
         seals = 0
     if seals & _SEALS != _SEALS:
         raise ValueError(f"{what}: its size is not sealed")
-    if os.pread(fd, len(_MARKER), _MARKER_AT) != _MARKER:
+    try:
+        marker = os.pread(fd, len(_MARKER), _MARKER_AT)
+    except OSError as exc:
+        raise ValueError(f"{what}: its page cannot be read: {exc.strerror}") from None
+    if marker != _MARKER:
         raise ValueError(f"{what}: it does not carry the marker")
     return fd
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._checks import check_uint as _check_uint
 from ._driver import DRIVER_ENV as DRIVER_ENV
 from ._driver import Driver as Driver
 from ._driver import SemaphoreDesc as SemaphoreDesc
@@ -64,11 +65,18 @@ class HostNotifier:
 
     def launch(self, driver: Driver, stream: int, token: int) -> None:
         """Enqueue the host function on ``stream`` (a driver handle). ``token`` is an int in
-        [0, 2**64). If the driver refuses (an :class:`~aiocudasem.AiocudasemError`), nothing
-        stays armed. Any other exception may come after the driver enqueued the host
+        [0, 2**64). ``TypeError`` or ``ValueError`` for a bad argument, before anything is
+        armed. If the driver refuses (an :class:`~aiocudasem.AiocudasemError`), nothing stays
+        armed. Any other exception from the driver may come after it enqueued the host
         function, so its queue node is left armed (and leaks) rather than freed under it."""
         if isinstance(stream, bool) or not isinstance(stream, int):
             raise TypeError(f"stream must be a driver handle (int), not {type(stream).__name__}")
+        _check_uint("token", token, 1 << 64)
+        if not callable(getattr(driver, "launch_host_func", None)):
+            raise TypeError(
+                f"driver must be an aiocudasem.Driver (with launch_host_func), not "
+                f"{type(driver).__name__}"
+            )
         user = self._c.arm(token)
         try:
             driver.launch_host_func(stream, _HOST_FN, user)

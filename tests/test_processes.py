@@ -91,6 +91,15 @@ async def test_keeping_the_senders_copy_and_importing_twice(
     await first.aclose()
 
 
+async def test_send_refuses_an_fd_out_of_range(
+    pair: tuple[anyio.abc.UNIXSocketStream, anyio.abc.UNIXSocketStream],
+) -> None:
+    producer_end, _ = pair
+    for bad in (-1, 2**31, 2**40):
+        with pytest.raises(ValueError, match=r"fd must be in \[0, 2\*\*31\)"):
+            await acs.send_semaphore(producer_end, bad, acs.HandleType.OPAQUE_FD)
+
+
 async def test_a_wrong_message_is_a_value_error_and_leaks_no_fd(
     sim: SimDriver, pair: tuple[anyio.abc.UNIXSocketStream, anyio.abc.UNIXSocketStream]
 ) -> None:
