@@ -1,11 +1,21 @@
-"""Checks of arguments that many entry points share: a driver, a device ordinal, a uint."""
+"""Checks of arguments that many entry points share: a driver, a device ordinal, a uint, an
+fd."""
 
 from __future__ import annotations
+
+import os
 
 from . import _release
 from ._driver import Driver, get_driver
 
-__all__ = ("check_device", "check_ordinal", "check_uint", "resolve_device", "resolve_driver")
+__all__ = (
+    "check_device",
+    "check_open_fd",
+    "check_ordinal",
+    "check_uint",
+    "resolve_device",
+    "resolve_driver",
+)
 
 
 def resolve_driver(driver: Driver | str | None) -> Driver:
@@ -38,6 +48,19 @@ def check_uint(name: str, value: object, bound: int) -> int:
     if not 0 <= value < bound:
         raise ValueError(f"{name} must be in [0, 2**{bound.bit_length() - 1}), got {value}")
     return value
+
+
+def check_open_fd(fd: object) -> tuple[int, os.stat_result]:
+    """``fd`` as an open file descriptor, with its ``fstat()``: ``TypeError`` for anything but
+    an int (a bool included), ``ValueError`` outside [0, 2**31) or for an fd that is not open."""
+    if isinstance(fd, bool) or not isinstance(fd, int):
+        raise TypeError(f"fd must be an int file descriptor, not {type(fd).__name__}")
+    if not 0 <= fd < 1 << 31:
+        raise ValueError(f"fd must be in [0, 2**31), got {fd}")
+    try:
+        return fd, os.fstat(fd)
+    except OSError as exc:
+        raise ValueError(f"fd {fd} is not an open file descriptor: {exc.strerror}") from None
 
 
 def resolve_device(device: object, driver: Driver | str | None) -> tuple[Driver, int]:

@@ -16,6 +16,7 @@ from typing import Final
 
 import anyio.abc
 
+from ._checks import check_open_fd
 from ._driver import Driver
 from ._handles import HandleType, lookup
 from ._semaphore import ExternalSemaphore, import_semaphore
@@ -50,14 +51,7 @@ async def send_semaphore(
             f"{handle_type.name} is not passed as an fd, so it cannot be sent over a socket: "
             "send an OPAQUE_FD or TIMELINE_SEMAPHORE_FD semaphore"
         )
-    if isinstance(fd, bool) or not isinstance(fd, int):
-        raise TypeError(f"fd must be an int file descriptor, not {type(fd).__name__}")
-    if not 0 <= fd < 1 << 31:
-        raise ValueError(f"fd must be in [0, 2**31), got {fd}")
-    try:
-        os.fstat(fd)
-    except OSError as exc:
-        raise ValueError(f"fd {fd} is not an open file descriptor: {exc.strerror}") from None
+    check_open_fd(fd)
     message = (_TAG + handle_type.name.encode()).ljust(_SIZE, b" ")
     await stream.send_fds(message, [fd])
     if close:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ import anyio
 import anyio.lowlevel
 
 from . import _release
-from ._checks import check_device, check_ordinal, check_uint, resolve_driver
+from ._checks import check_device, check_open_fd, check_ordinal, check_uint, resolve_driver
 from ._driver import Driver, SemaphoreDesc, SemOp
 from ._errors import CudaError, UnsupportedHandleTypeError
 from ._handles import HandleInfo, HandleType, info
@@ -228,11 +227,7 @@ def _descriptor(
     if row.passed_as == "fd":
         if name is not None:
             raise ValueError(f"{kind.name} takes an fd, not a name")
-        fd = check_uint("fd", handle, 1 << 31)
-        try:
-            os.fstat(fd)
-        except OSError:
-            raise ValueError(f"fd {fd} is not an open file descriptor") from None
+        fd, _ = check_open_fd(handle)
         return SemaphoreDesc(int(kind), fd=fd), None
     if row.passed_as == "nvsci":
         if name is not None:

@@ -27,7 +27,7 @@ import anyio
 import anyio.lowlevel
 
 from . import _hostword, _release
-from ._checks import check_uint, resolve_device
+from ._checks import check_open_fd, check_uint, resolve_device
 from ._errors import AiocudasemError, DeviceFaultError, DriverUnavailableError
 from ._lifetime import OnDevice
 from ._notifier import host_wait_streams, wait_private_stream
@@ -343,19 +343,11 @@ def _new_fd(initial: int) -> int:
 
 def _check_fd(fd: object) -> int:
     """``fd`` as the fd of a host timeline's page: ``TypeError`` or ``ValueError`` otherwise."""
-    if isinstance(fd, bool) or not isinstance(fd, int):
-        raise TypeError(f"fd must be an int file descriptor, not {type(fd).__name__}")
-    if not 0 <= fd < 1 << 31:
-        raise ValueError(f"fd must be in [0, 2**31), got {fd}")
-    try:
-        st = os.fstat(fd)
-        mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
-    except OSError as exc:
-        raise ValueError(f"fd {fd} is not an open file descriptor: {exc.strerror}") from None
+    fd, st = check_open_fd(fd)
     what = f"fd {fd} is not a host timeline's (one from HostTimeline.export_fd())"
     if not stat.S_ISREG(st.st_mode) or st.st_size != _SIZE:
         raise ValueError(f"{what}: not a file of {_SIZE} bytes")
-    if mode != os.O_RDWR:
+    if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDWR:
         raise ValueError(
             f"fd {fd} is not open for reading and writing, as a host timeline's page must be"
         )

@@ -348,27 +348,6 @@ def test_open_refuses_an_fd_out_of_range_or_not_open_for_reading_and_writing(
     t.close()
 
 
-def test_host_notifier_refuses_bad_arguments_before_arming(sim: SimDriver) -> None:
-    from aiocudasem import lowlevel
-
-    n = lowlevel.HostNotifier()
-    try:
-        s = sim.stream_create(0, True, 0)
-        for token in (-1, 2**64):
-            with pytest.raises(ValueError, match="token"):
-                n.launch(sim, s, token)
-        for token in (True, 1.0, "1"):
-            with pytest.raises(TypeError, match="token"):
-                n.launch(sim, s, token)  # type: ignore[arg-type]
-        with pytest.raises(TypeError, match="driver"):
-            n.launch(None, s, 1)  # type: ignore[arg-type]
-        assert n._c.stats()["pending"] == 0  # nothing was armed
-        assert n.drain() == []
-        sim.stream_destroy(s)
-    finally:
-        n.close()
-
-
 async def test_an_exported_page_is_shared_and_owned_once_opened(sim: SimDriver) -> None:
     before = open_fds()
     t = acs.create_host_timeline(4, driver=sim)

@@ -50,6 +50,25 @@ async def test_host_notifier_refused_launch_leaves_nothing_armed(sim: SimDriver)
     n.close()
 
 
+def test_host_notifier_refuses_bad_arguments_before_arming(sim: SimDriver) -> None:
+    n = lowlevel.HostNotifier()
+    try:
+        s = sim.stream_create(0, True, 0)
+        for token in (-1, 2**64):
+            with pytest.raises(ValueError, match="token"):
+                n.launch(sim, s, token)
+        for token in (True, 1.0, "1"):
+            with pytest.raises(TypeError, match="token"):
+                n.launch(sim, s, token)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="driver"):
+            n.launch(None, s, 1)  # type: ignore[arg-type]
+        assert n._c.stats()["pending"] == 0  # nothing was armed
+        assert n.drain() == []
+        sim.stream_destroy(s)
+    finally:
+        n.close()
+
+
 def test_host_function_address_is_the_notifiers() -> None:
     assert isinstance(lowlevel.HOST_FUNCTION, int)
     assert lowlevel.HOST_FUNCTION != 0
