@@ -8,6 +8,7 @@ from ._dlpack import ready as ready
 from ._driver import DRIVER_ENV as DRIVER_ENV
 from ._driver import Driver as Driver
 from ._driver import get_driver as get_driver
+from ._errors import AbandonedError as AbandonedError
 from ._errors import AiocudasemError as AiocudasemError
 from ._errors import CudaError as CudaError
 from ._errors import DeviceFaultError as DeviceFaultError
@@ -54,6 +55,7 @@ __version__ = "0.1.0"
 
 __all__ = (
     "DRIVER_ENV",
+    "AbandonedError",
     "AiocudasemError",
     "CudaError",
     "DeviceFaultError",

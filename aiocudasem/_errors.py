@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import copy
 
+import anyio
+
 __all__ = (
+    "AbandonedError",
     "AiocudasemError",
     "CudaError",
     "DeviceFaultError",
@@ -143,6 +146,17 @@ class UnsupportedFeatureError(AiocudasemError):
     without 64-bit stream memory operations or mapped host memory. The message names the
     missing capability. ``status`` is ``None`` where a device attribute said so, and the
     ``CUresult`` where the driver refused the call."""
+
+
+class AbandonedError(AiocudasemError, anyio.BrokenResourceError):
+    """The semaphore or host timeline was given up on with ``abandon()``: its producer is gone.
+
+    Raised to every task parked in its ``wait_value()`` or ``wait_signaled()`` when
+    ``abandon()`` is called, by every later ``Wait``, ``Signal`` or host wait made of it, and by
+    the exit of a hand-off section whose wait it released: the section's work may have run
+    without the producer's data. It is an ``anyio.BrokenResourceError`` too: the other side of
+    the channel is gone. ``status`` is ``None``.
+    """
 
 
 class VulkanError(AiocudasemError):

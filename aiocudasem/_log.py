@@ -1,7 +1,7 @@
 """The library's log records, on the ``aiocudasem`` logger, and the process-wide counts behind
 them that :func:`aiocudasem.lowlevel.statistics` reports.
 
-Three things are logged, each where it happens:
+Four things are logged, each where it happens:
 
 - a **device fault**: ERROR, once per device of a driver, when the fault watchdog or a wait
   (a query of its point, or the launch of its host function) finds the device's context in a
@@ -10,6 +10,10 @@ Three things are logged, each where it happens:
 - a **leak**: WARNING, when the release of a stream or semaphore collected without
   ``close()`` or ``aclose()`` runs (at the library's next use, not inside the collector), and
   when releasing an object fails;
+- **a slow close**: WARNING, when ``aclose()`` of a stream, an external semaphore or a host
+  timeline has waited :data:`CLOSE_WARNING_S` seconds for the device (a wait whose producer is
+  gone blocks it for ever): the message names the waits it is probably stuck behind and the
+  way out (``abandon()``, or ``close()`` without waiting);
 - **lazy loading**: WARNING, once per process, when the first semaphore wait is enqueued on
   the real driver while CUDA loads modules lazily, and when a kernel could not be loaded
   ahead of a device's first wait.
@@ -27,12 +31,23 @@ import threading
 import weakref
 from typing import Final
 
-__all__ = ("device_fault", "faults_seen", "lazy_loading", "leaked", "leaks", "logger")
+__all__ = (
+    "CLOSE_WARNING_S",
+    "device_fault",
+    "faults_seen",
+    "lazy_loading",
+    "leaked",
+    "leaks",
+    "logger",
+    "slow_close",
+)
 
 logger: Final = logging.getLogger("aiocudasem")
 logger.addHandler(logging.NullHandler())
 
 _lock = threading.Lock()
+#: How long ``aclose()`` waits for the device before it logs a WARNING (and goes on waiting).
+CLOSE_WARNING_S = 5.0
 # The devices of each driver already reported, and how many in all (drivers come and go).
 _faulted: weakref.WeakKeyDictionary[object, set[int]] = weakref.WeakKeyDictionary()
 _faults = 0
@@ -72,6 +87,17 @@ def leaked(what: str) -> None:
     with _lock:
         _leaks += 1
     logger.warning("%s was collected without close() or aclose(); it is released now", what)
+
+
+def slow_close(what: str, waited: float, stuck: str, way_out: str) -> None:
+    """Log that ``aclose()`` of ``what`` has waited ``waited`` seconds for the device."""
+    logger.warning(
+        "closing %s has waited %.1f s for the device and goes on waiting%s. %s",
+        what,
+        waited,
+        stuck,
+        way_out,
+    )
 
 
 def leaks() -> int:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Final, TypeVar
@@ -12,12 +14,12 @@ from typing import TYPE_CHECKING, Final, TypeVar
 import anyio
 import anyio.lowlevel
 
-from . import _release
+from . import _log, _release
+from ._abandon import Abandonable
 from ._checks import check_device, check_open_fd, check_ordinal, check_uint, resolve_driver
 from ._driver import Driver, SemaphoreDesc, SemOp
-from ._errors import CudaError, UnsupportedHandleTypeError
+from ._errors import AiocudasemError, CudaError, UnsupportedHandleTypeError
 from ._handles import HandleInfo, HandleType, info
-from ._lifetime import OnDevice
 from ._notifier import host_wait_streams, wait_private_stream
 from ._timeline import LIMIT, HostTimeline
 
@@ -49,18 +51,22 @@ def _platform_check(handle_type: HandleType, row: HandleInfo) -> None:
         )
 
 
-class ExternalSemaphore(OnDevice):
+class ExternalSemaphore(Abandonable):
     """A semaphore created outside CUDA (Vulkan, D3D, NvSciSync, another process) and imported
     into a device. Get one from :func:`import_semaphore`; there is no public constructor.
 
     Use it in :class:`Wait` and :class:`Signal` entries on a stream, or await it from the host
     with :meth:`wait_value` / :meth:`wait_signaled`. Release it with ``aclose()``, ``close()``
     or ``async with``; a forgotten one is destroyed when collected, with a
-    ``ResourceWarning``.
+    ``ResourceWarning``. Closing it wakes the tasks parked in its host waits with
+    ``anyio.ClosedResourceError``. If its producer is gone, :meth:`abandon` releases the
+    streams that wait on it.
     """
 
-    __slots__ = ("_type",)
+    __slots__ = ("_settle", "_type")
     _type: HandleType
+    #: What must end before the semaphore is destroyed: the signals of abandon().
+    _settle: list[Callable[[], None]]
     _factory = "use aiocudasem.import_semaphore() to import an external semaphore"
     _noun = "external semaphore"
 
@@ -70,8 +76,10 @@ class ExternalSemaphore(OnDevice):
         self._driver = driver
         self._device = device
         self._type = handle_type
+        self._init_waits(binary=info(handle_type).sync == "binary")
+        self._settle = []
         # The deferred release may run on an event loop's thread: destroy off it (see aclose).
-        self._own(handle, partial(_destroy_in_thread, driver, handle))
+        self._own(handle, partial(_destroy_in_thread, driver, handle, self._settle))
         return self
 
     def _describe(self) -> str:
@@ -81,7 +89,7 @@ class ExternalSemaphore(OnDevice):
         )
 
     def _release(self) -> None:
-        _destroy_in_thread(self._driver, self._handle)
+        _destroy_in_thread(self._driver, self._handle, self._settle)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"handle={self._handle:#x}"
@@ -111,17 +119,91 @@ class ExternalSemaphore(OnDevice):
 
         ``cuDestroyExternalSemaphore`` waits until the device has no blocked work (seen on an
         H200: it did not return while any stream waited on an external semaphore), so it runs
-        in a worker thread and this waits for it without blocking the event loop. Cancelling
-        abandons that wait; the semaphore is still destroyed once the device allows it.
+        in a thread of its own and this waits for it without blocking the event loop. Tasks
+        parked in :meth:`wait_value` or :meth:`wait_signaled` are woken at once with
+        ``anyio.ClosedResourceError``, but their GPU waits stay enqueued: if the producer is
+        gone, call :meth:`abandon` first, or this waits for ever (it logs a WARNING that says
+        so after a few seconds). Cancelling abandons the wait for the thread; the semaphore is
+        still destroyed once the device allows it.
         """
         if not self._claim():
             await anyio.lowlevel.checkpoint()
             return
         await _release.in_worker(
-            partial(self._driver.destroy_semaphore, self._handle),
+            partial(_destroy, self._driver, self._handle, self._settle),
             self._describe(),
-            partial(_destroy_in_thread, self._driver, self._handle),
+            partial(_destroy_in_thread, self._driver, self._handle, self._settle),
         )
+
+    def abandon(self, value: int | None = None) -> None:
+        """Give up on the producer: release every GPU wait on this semaphore, from this side.
+
+        For a producer that died (a killed process, a torn-down Vulkan device, a thread that
+        stopped) or that you no longer wait for. Enqueued GPU waits cannot be taken back, so
+        this satisfies them: it enqueues, on a private stream, a signal of
+
+        - a timeline: ``value``, by default the highest value that a wait enqueued through
+          this library asked for;
+        - a binary semaphore: one signal for each wait enqueued through this library beyond
+          the signals it enqueued (``value`` must be ``None``).
+
+        Streams blocked on it then go on, and their work runs without the producer's data. The
+        semaphore is *abandoned* from then on: tasks parked in :meth:`wait_value` and
+        :meth:`wait_signaled` raise :class:`~aiocudasem.AbandonedError` at once, and so do new
+        ``Wait`` and ``Signal`` entries of it, new host waits, and the exit of a hand-off
+        section that waited on it. ``aclose()`` then completes without the producer.
+
+        The signal goes to the semaphore that the producer shares: a producer that is still
+        alive sees it too (stop it first), and one that signals a lower value afterwards
+        breaks the rule of timelines that values only grow. Synchronous, non-blocking, safe
+        from any thread, and idempotent (a second call changes nothing). Raises
+        ``anyio.ClosedResourceError`` once closed, ``ValueError``/``TypeError`` for a bad
+        ``value``, :class:`UnsupportedHandleTypeError` for keyed mutexes and NvSciSync (the
+        consumer cannot signal them in their producer's place), and :class:`CudaError` if the
+        driver refuses the signal (the semaphore is abandoned all the same).
+        """
+        handle = self.handle
+        sync = info(self._type).sync
+        if sync == "fence":
+            target = self._max_waited if value is None else check_uint("value", value, _U64)
+        elif sync == "binary":
+            if value is not None:
+                raise ValueError(
+                    f"{self._type.name} semaphores are binary: abandon() takes no value"
+                )
+            target = 0
+        else:
+            raise UnsupportedHandleTypeError(
+                f"abandon() cannot signal a {self._type.name} semaphore in its producer's place"
+            )
+        if self.abandoned:
+            return
+        drv, device = self._driver, self._device
+        try:
+            if sync == "binary":
+                pending, self._binary_pending = self._binary_pending, []
+                if pending:
+                    # Binary signals do not add up: each must be consumed before the next is
+                    # given, so a thread gives them one at a time (see _signal_each).
+                    thread = threading.Thread(
+                        target=_signal_each,
+                        args=(drv, device, handle, pending),
+                        name="aiocudasem-abandon",
+                        daemon=True,
+                    )
+                    thread.start()
+                    self._settle.append(thread.join)
+            elif target:
+                stream = host_wait_streams.take(drv, device)
+                try:
+                    drv.enqueue_semaphore_signals([SemOp(handle, value=target)], stream)
+                    event = drv.event_create(device, blocking=True)
+                    drv.event_record(event, stream)
+                finally:
+                    host_wait_streams.give(drv, device, stream)
+                self._settle.append(partial(_sync_and_destroy, drv, event))
+        finally:
+            self._give_up()
 
     # -------------------------------------------------------------- host-side awaits
 
@@ -130,37 +212,97 @@ class ExternalSemaphore(OnDevice):
 
         No thread blocks and nothing polls: the wait is enqueued on a private stream of the
         device, and the notifier reports when that stream passes it. If cancelled, the GPU
-        wait stays enqueued on a private stream that is then abandoned; nothing else is held.
-        Raises ``TypeError`` for a non-timeline semaphore, ``ValueError`` outside uint64 and
-        ``anyio.ClosedResourceError`` once the semaphore is closed.
+        wait stays enqueued on that private stream until the value is reached: the semaphore
+        cannot be destroyed before then (``aclose()`` waits for it), so if the producer is
+        gone, call :meth:`abandon`.
+
+        Raises ``TypeError`` for a non-timeline semaphore, ``ValueError`` outside uint64,
+        ``anyio.ClosedResourceError`` if the semaphore is closed before or during the wait, and
+        :class:`~aiocudasem.AbandonedError` if it is abandoned before or during the wait.
         """
-        self.handle  # noqa: B018 - a closed semaphore raises ClosedResourceError here
+        self._check_waitable()
         if not self.is_timeline:
             raise TypeError(
                 f"wait_value() needs a timeline semaphore; this one is {self._type.name}: "
                 "use wait_signaled() for a binary semaphore"
             )
-        await _host_wait([Wait(self, value)])
+        await self._park(partial(_host_wait, [Wait(self, value)]))
 
     async def wait_signaled(self) -> None:
         """Wait, from the host, until a binary (OPAQUE_FD/Win32) semaphore is signalled, and
         consume that signal, as a GPU wait does.
 
         Cancellation cannot take back the enqueued GPU wait: it will still consume the next
-        signal. Raises ``TypeError`` for a timeline semaphore and
-        ``anyio.ClosedResourceError`` once the semaphore is closed.
+        signal. Raises ``TypeError`` for a timeline semaphore, ``anyio.ClosedResourceError``
+        if the semaphore is closed before or during the wait, and
+        :class:`~aiocudasem.AbandonedError` if it is abandoned before or during the wait.
         """
-        self.handle  # noqa: B018 - a closed semaphore raises ClosedResourceError here
+        self._check_waitable()
         if info(self._type).sync != "binary":
             raise TypeError(
                 f"wait_signaled() needs a binary semaphore; this one is {self._type.name}: "
                 "use wait_value(n) for a timeline semaphore"
             )
-        await _host_wait([Wait(self)])
+        await self._park(partial(_host_wait, [Wait(self)]))
 
 
-def _destroy_in_thread(driver: Driver, handle: int) -> None:
-    _release.in_thread(partial(driver.destroy_semaphore, handle), "an ExternalSemaphore")
+def _sync_and_destroy(driver: Driver, event: int) -> None:
+    try:
+        driver.event_synchronize(event)
+    finally:
+        driver.event_destroy(event)
+
+
+#: How long abandon() of a binary semaphore waits for each of its signals to be consumed
+#: before it gives the next one anyway, and how long it goes on in all.
+_CONSUMED_WITHIN: Final = 0.05
+_SIGNALLING_FOR: Final = 5.0
+
+
+def _signal_each(driver: Driver, device: int, handle: int, pending: list[int]) -> None:
+    """abandon() of a binary semaphore, in a thread of its own: signal it until every wait of
+    ``pending`` (an event recorded behind each) has passed, one signal at a time."""
+    stream = 0
+    try:
+        stream = host_wait_streams.take(driver, device)
+        give_up_at = time.monotonic() + _SIGNALLING_FOR
+        left = [e for e in pending if not driver.event_query(e)]
+        while left and time.monotonic() < give_up_at:
+            driver.enqueue_semaphore_signals([SemOp(handle)], stream)
+            consumed_by = time.monotonic() + _CONSUMED_WITHIN
+            before = len(left)
+            while len(left) == before and time.monotonic() < consumed_by:
+                time.sleep(0.0002)
+                left = [e for e in left if not driver.event_query(e)]
+        if left:
+            _log.logger.warning(
+                "abandon() of a binary semaphore: %d of its waits were still pending after "
+                "%.0f s of signals; the streams behind them stay blocked",
+                len(left),
+                _SIGNALLING_FOR,
+            )
+    except AiocudasemError:
+        pass  # a faulted device: its streams are gone with it
+    finally:
+        if stream:
+            host_wait_streams.give(driver, device, stream)
+        for e in pending:
+            try:
+                driver.event_destroy(e)
+            except AiocudasemError:
+                pass
+
+
+def _destroy(driver: Driver, handle: int, settle: list[Callable[[], None]]) -> None:
+    """Destroy once the signals of abandon() are done: CUDA requires every signal of a
+    semaphore to have completed before it is destroyed."""
+    while settle:
+        settle.pop()()
+    driver.destroy_semaphore(handle)
+
+
+def _destroy_in_thread(driver: Driver, handle: int, settle: list[Callable[[], None]]) -> None:
+    _release.in_thread(partial(_destroy, driver, handle, settle), "an ExternalSemaphore")
 
 
 def import_semaphore(
@@ -348,10 +490,7 @@ def _check_entry(
     """Check an entry's fields against its semaphore; return the semaphore's handle type, or
     None for a host timeline."""
     if isinstance(sem, HostTimeline):
-        if sem.closed:
-            raise anyio.ClosedResourceError(
-                f"{entry}() of a closed host timeline ({sem!r}): use one before its aclose()"
-            )
+        sem._check_usable(f"{entry}()")
         if value is None:
             raise TypeError(
                 f"a host timeline is a timeline: {entry}(timeline, value) needs the value to "
@@ -367,10 +506,7 @@ def _check_entry(
             f"{type(sem).__name__}: import one with aiocudasem.import_semaphore() or create "
             "one with aiocudasem.create_host_timeline()"
         )
-    if sem.closed:
-        raise anyio.ClosedResourceError(
-            f"{entry}() of a closed external semaphore ({sem!r}): use one before its aclose()"
-        )
+    sem._check_usable(f"{entry}()")
     kind = sem.handle_type
     sync = info(kind).sync
     if sync == "fence":
@@ -475,6 +611,10 @@ async def _host_wait(entries: list[Wait]) -> None:
     sem = entries[0].semaphore
     drv = sem._driver
     ops = [e._op() for e in entries]
-    await wait_private_stream(
-        drv, sem._device, lambda stream: drv.enqueue_semaphore_waits(ops, stream)
-    )
+
+    def enqueue(stream: int) -> None:
+        drv.enqueue_semaphore_waits(ops, stream)
+        for e in entries:
+            e.semaphore._note_wait(e.value, stream)
+
+    await wait_private_stream(drv, sem._device, enqueue)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import inspect
 import time
@@ -64,6 +65,7 @@ __all__ = ("Event", "HandOff", "Stream", "open_stream", "wait_external_semaphore
 _DEFAULT_STREAMS = 2
 _U64: Final = 1 << 64
 _clock = time.perf_counter
+_WAITS_KEPT: Final = 8  # the last waits of a stream that a slow aclose() names
 
 
 class Stream(OnDevice):
@@ -78,8 +80,10 @@ class Stream(OnDevice):
     always checkpoints.
     """
 
-    __slots__ = ("_events", "_history", "_owned")
+    __slots__ = ("_events", "_history", "_owned", "_waited_on")
     _events: list[int]
+    #: The last waits enqueued on the stream, for the warning of an aclose() that waits long.
+    _waited_on: collections.deque[Wait]
     _history: History
     _owned: bool
     _factory = "use aiocudasem.open_stream() or Stream.adopt() to get a Stream"
@@ -101,6 +105,7 @@ class Stream(OnDevice):
         self._owned = owned
         self._events = event_pool.free_list(driver, device)
         self._history = History()  # how long its waits take: how long they spin
+        self._waited_on = collections.deque(maxlen=_WAITS_KEPT)
         self._own(handle, partial(destroy_stream, driver, handle) if owned else None)
         return self
 
@@ -256,6 +261,11 @@ class Stream(OnDevice):
             (drv.enqueue_semaphore_signals if write else drv.enqueue_semaphore_waits)(ops, handle)
         if words:
             enqueue_words(drv, handle, words, write=write)
+        # What abandon() of a semaphore needs to know, and what a slow aclose() names.
+        if not write:
+            for e in entries:
+                e.semaphore._note_wait(e.value, handle)
+            self._waited_on.extend(entries)  # type: ignore[arg-type]
 
     def _entries(self, where: str, given: tuple[object, ...], kind: type[_E]) -> tuple[_E, ...]:
         entries = entry_list(where, given, kind)
@@ -416,7 +426,10 @@ class Stream(OnDevice):
 
         An owned stream first waits for its enqueued work, then is destroyed; if that wait is
         cancelled or fails, the stream is destroyed anyway (the driver frees it once its work
-        completes) and the exception propagates. A borrowed stream is only forgotten.
+        completes) and the exception propagates. A borrowed stream is only forgotten. Work
+        blocked on a wait whose producer is gone never completes: after a few seconds this
+        logs a WARNING that names the stream's last waits, and goes on waiting (see
+        ``ExternalSemaphore.abandon()`` and ``HostTimeline.abandon()``).
 
         ``async with`` calls this on a normal exit; when an exception leaves the block, it
         calls :meth:`close` instead (no wait).
@@ -427,7 +440,11 @@ class Stream(OnDevice):
         try:
             if self._owned:
                 try:
-                    await self.wait_complete()
+                    with anyio.move_on_after(_log.CLOSE_WARNING_S) as scope:
+                        await self.wait_complete()
+                    if scope.cancelled_caught:
+                        self._warn_slow_close()
+                        await self.wait_complete()
                 except anyio.ClosedResourceError:
                     if self._open:
                         raise  # the event loop's notifier, not this stream
@@ -436,6 +453,26 @@ class Stream(OnDevice):
                 await anyio.lowlevel.checkpoint()
         finally:
             self.close()
+
+    def _warn_slow_close(self) -> None:
+        pending = [
+            w
+            for w in dict.fromkeys(self._waited_on)
+            if not w.semaphore.closed and not w.semaphore.abandoned
+        ]
+        stuck = ""
+        if pending:
+            stuck = "; its last waits were on " + ", ".join(
+                f"{w.semaphore!r}" + ("" if w.value is None else f" for {w.value}") for w in pending
+            )
+        _log.slow_close(
+            self._describe(),
+            _log.CLOSE_WARNING_S,
+            stuck,
+            "If its producer is gone, call abandon() on the semaphore or host timeline it "
+            "waits on (the stream then goes on); to release the stream without waiting, call "
+            "close(), or leave the async with block by an exception.",
+        )
 
 
 # It returns a coroutine, as an async def does, and says so to those that ask the function.
@@ -609,6 +646,9 @@ class HandOff:
       without waiting for the GPU. GPU work already enqueued cannot be undone.
     - If the exit's wait is cancelled, the signals are already enqueued and will fire; only
       the observation is abandoned.
+    - If one of the semaphores it waits on is abandoned (``abandon()``) before the exit's
+      wait ends, the exit raises :class:`~aiocudasem.AbandonedError` once the stream has
+      passed the section: its work ran without the producer's data.
     - A section is entered once: entering it again raises ``anyio.ClosedResourceError`` (it
       would enqueue its waits and signals a second time). Make one per section.
 
@@ -659,6 +699,9 @@ class HandOff:
             await anyio.lowlevel.checkpoint()
             return
         await stream.wait_complete()
+        for w in self._waits:
+            if w.semaphore.abandoned:
+                raise w.semaphore._abandoned()
 
 
 def open_stream(

@@ -27,9 +27,9 @@ import anyio
 import anyio.lowlevel
 
 from . import _hostword, _release
+from ._abandon import Abandonable
 from ._checks import check_open_fd, check_uint, resolve_device
 from ._errors import AiocudasemError, DeviceFaultError, DriverUnavailableError
-from ._lifetime import OnDevice
 from ._notifier import host_wait_streams, wait_private_stream
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class _Page:
         os.close(self.fd)
 
 
-class HostTimeline(OnDevice):
+class HostTimeline(Abandonable):
     """A timeline semaphore in host memory: a 64-bit value that a CPU thread (or another
     process) signals and the GPU waits on, or the GPU signals and the host awaits. No Vulkan
     and no other API is involved. Make one with :func:`create_host_timeline`, or open one that
@@ -104,7 +104,8 @@ class HostTimeline(OnDevice):
     it has completed, so releasing it never pulls it from under the GPU. Once released, this
     object signals nothing: a pending wait must be satisfied by another process or another
     object opened on the same page. A wait that can never be satisfied (its producer is gone)
-    would hold the page forever: ``signal(t.MAX)`` first.
+    would hold the page forever: :meth:`abandon` first. Closing it wakes the tasks parked in
+    :meth:`wait_value` with ``anyio.ClosedResourceError``.
     """
 
     __slots__ = ("_page",)
@@ -128,6 +129,7 @@ class HostTimeline(OnDevice):
         self._driver = driver
         self._device = device
         self._page = page
+        self._init_waits()
         self._own(devptr, partial(_release_in_thread, driver, page))
         return self
 
@@ -192,20 +194,50 @@ class HostTimeline(OnDevice):
         nothing polls on the host: the wait is enqueued on a private stream of the device (the
         GPU watches the word), and the notifier reports when that stream passes it, as for
         :meth:`ExternalSemaphore.wait_value`. If cancelled, the GPU wait stays enqueued on a
-        private stream that is then abandoned, and the timeline's release waits for it. Raises
-        ``TypeError``/``ValueError`` for a value as :meth:`signal` does and
-        ``anyio.ClosedResourceError`` once closed.
+        private stream that is then abandoned, and the timeline's release waits for it (see
+        :meth:`abandon`). Raises ``TypeError``/``ValueError`` for a value as :meth:`signal`
+        does, ``anyio.ClosedResourceError`` if the timeline is closed before or during the
+        wait, and :class:`~aiocudasem.AbandonedError` if it is abandoned before or during it.
         """
         target = _check_value(value)
+        self._check_waitable()
         if self.value >= target:
             await anyio.lowlevel.checkpoint()
             return
         driver = self._driver
-        await wait_private_stream(
-            driver,
-            self._device,
-            lambda stream: enqueue_words(driver, stream, [(self, target)], write=False),
+        await self._park(
+            partial(
+                wait_private_stream,
+                driver,
+                self._device,
+                lambda stream: enqueue_words(driver, stream, [(self, target)], write=False),
+            )
         )
+
+    def abandon(self, value: int | None = None) -> None:
+        """Give up on the producer: move the value to ``value`` (by default :attr:`MAX`) from
+        the host, so that every wait on the timeline, GPU and host, in this process and in
+        the others that share it, goes on without the producer; then mark the timeline
+        *abandoned*.
+
+        Tasks parked in :meth:`wait_value` raise :class:`~aiocudasem.AbandonedError` at once,
+        and so do new ``Wait`` and ``Signal`` entries of it, new host waits, and the exit of a
+        hand-off section that waited on it: the work behind those waits ran without the
+        producer's data. ``aclose()`` then completes without the producer. A value already
+        passed is left as it is. Synchronous, non-blocking, safe from any thread, and
+        idempotent (a second call changes nothing). Raises ``anyio.ClosedResourceError`` once
+        closed, and ``TypeError``/``ValueError`` for a value as :meth:`signal` does.
+        """
+        target = self.MAX if value is None else _check_value(value)
+        page = self._page
+        with page.lock:
+            self._check_open("abandon() of a closed host timeline")
+            if self.abandoned:
+                return
+            try:
+                _hostword.advance(page.address, target)
+            finally:
+                self._give_up()
 
     def export_fd(self) -> int:
         """A new fd of the shared page, for another process: send it over a Unix socket
