@@ -3,8 +3,11 @@
 It follows CUDA's semantics closely enough to test the library and users' pipelines without a
 GPU:
 
-- each stream is a FIFO run by its own worker thread; an event captures "everything enqueued so
-  far" on its stream;
+- each stream is a FIFO; its kernels and host functions run on its own worker thread, which
+  ends when it has had none to run for a while, and its waits, signals, records and memory writes
+  complete under the simulator's lock as soon as they can, from whichever thread made that
+  possible (so a blocked stream costs no thread, and a change wakes only what waits on it); an
+  event captures "everything enqueued so far" on its stream;
 - a timeline semaphore wait completes when the value is >= N; a binary (opaque) wait consumes one
   signal;
 - host functions are real C function pointers, called through ctypes from the worker thread, the
@@ -50,9 +53,18 @@ _ILLEGAL_STATE: Final = 401
 _CAPTURE_UNSUPPORTED: Final = 900
 _CAPTURE_INVALIDATED: Final = 901
 _CAPTURED_EVENT: Final = 907
-# How often a simulated stream waiting on a host memory word looks at it again. A host store
-# does not tell the simulator, as it does not tell a GPU, which polls the word too.
-_WORD_POLL_S: Final = 0.0002
+# How often a simulated stream waiting on a host memory word (or on an interprocess event's
+# page) looks at it again. A store by another process does not tell the simulator, as it does
+# not tell a GPU, which polls the word too; a store in this process tells it at once (the
+# simulator's own writes, and notify_word()). A new wait is looked at every 0.2 ms, and the
+# period doubles up to 20 ms, so that waits nobody will satisfy (those of cancelled host waits
+# stay enqueued for good) cost a few hundred loads a second in all, not a core.
+_POLL_MIN_S: Final = 0.0002
+_POLL_MAX_S: Final = 0.02
+# A stream's worker thread with nothing to run ends after this long; the next kernel or host
+# function starts another. A stream blocked in a wait needs no thread: whatever satisfies the
+# wait completes it.
+_IDLE_S: Final = 0.25
 _I64_SIGN: Final = 1 << 63
 # A simulated interprocess event handle: a tag, the creating process, its fd of the event's
 # page and the page's inode (so that a stale or forged pid/fd naming any other file is refused),
@@ -129,19 +141,166 @@ class _Semaphore:
         self.exported: set[tuple[int, int]] = set()  # the files of its unimported exports
 
 
-def _signalled(sem: _Semaphore) -> Callable[[], bool]:
-    return lambda: sem.value >= 1
+class _Step:
+    """An operation that runs no code of the user's: a wait, a semaphore signal, an event
+    record, a memory write. The simulator completes it under its lock, as soon as it reaches the
+    head of its stream and can complete, from whichever thread made that possible; only kernels
+    and host functions need the stream's worker thread. So a blocked stream costs no thread,
+    and a change wakes only the streams that wait on what changed."""
+
+    __slots__ = ()
+
+    def attempt(self, drv: SimDriver, s: _Stream, changed: list[object]) -> object | None:
+        """Complete if possible and return None, else return the key (see
+        ``SimDriver._watchers``) whose change may let it complete. Appends the keys of what it
+        changed to ``changed``. Called with the lock held."""
+        raise NotImplementedError
 
 
-def _consumer(sem: _Semaphore) -> Callable[[], None]:
-    def consume() -> None:
-        sem.value = 0
+class _Polled(_Step):
+    """A wait on memory that another process may write, which no in-process change reports:
+    the poller looks at it again."""
 
-    return consume
+    __slots__ = ("fresh",)
+
+    def __init__(self) -> None:
+        self.fresh = True  # not yet watched: its first polls come fast
 
 
-def _reached(sem: _Semaphore, value: int) -> Callable[[], bool]:
-    return lambda: sem.value >= value
+class _SemWait(_Step):
+    """A batch of external semaphore waits, satisfied in order: a timeline value >= N, or one
+    signal of a binary semaphore, consumed."""
+
+    __slots__ = ("blocked", "items", "next")
+
+    def __init__(self, items: list[tuple[_Semaphore, int]]) -> None:
+        self.items = items
+        self.next = 0  # the first wait not yet satisfied
+        self.blocked = False  # counted in SimDriver._blocked
+
+    def attempt(self, drv: SimDriver, s: _Stream, changed: list[object]) -> object | None:
+        items = self.items
+        while self.next < len(items):
+            sem, value = items[self.next]
+            if sem.value < value:
+                if not self.blocked:
+                    self.blocked = True
+                    drv._blocked[s.device] = drv._blocked.get(s.device, 0) + 1
+                return sem
+            if sem.binary:
+                sem.value = 0  # one wait per signal: tested and consumed under the lock
+            self.next += 1
+        if self.blocked:
+            drv._blocked[s.device] -= 1
+            changed.append(("blocked", s.device))
+        return None
+
+
+class _Signals(_Step):
+    __slots__ = ("items",)
+
+    def __init__(self, items: list[tuple[_Semaphore, int]]) -> None:
+        self.items = items
+
+    def attempt(self, drv: SimDriver, s: _Stream, changed: list[object]) -> object | None:
+        for sem, value in self.items:
+            if not sem.stuck:
+                sem.value = value
+                changed.append(sem)
+        return None
+
+
+class _SeqWait(_Step):
+    """Wait until stream ``src`` has completed ``seq`` operations (an event's record)."""
+
+    __slots__ = ("seq", "src")
+
+    def __init__(self, src: _Stream | None, seq: int) -> None:
+        self.src = src
+        self.seq = seq
+
+    def attempt(self, drv: SimDriver, s: _Stream, changed: list[object]) -> object | None:
+        src = self.src
+        return None if src is None or src.done >= self.seq else src
+
+
+class _Stamp(_Step):
+    __slots__ = ("event",)
+
+    def __init__(self, event: _Event) -> None:
+        self.event = event
+
+    def attempt(self, drv: SimDriver, s: _Stream, changed: list[object]) -> object | None:
+        self.event.stamp = time.perf_counter()
+        return None
+
+
+class _WordWait(_Polled):
+    __slots__ = ("address", "value")
+
+    def __init__(self, address: int, value: int) -> None:
+        super().__init__()
+        self.address = address
+        self.value = value
+
+    def attempt(self, drv: SimDriver, s: _Stream, changed: list[object]) -> object | None:
+        if not drv._mapped(s.device, self.address):
+            # Unregistered under a pending wait: the GPU's read would fault.
+            drv._fault(s.device, _ILLEGAL_ADDRESS)
+            return None
+        if (_hostword.load(self.address) - self.value) % _U64 < _I64_SIGN:
+            return None  # (int64_t)(*address - value) >= 0, as the driver compares
+        return ("word", self.address)
+
+
+class _WordWrite(_Step):
+    __slots__ = ("address", "value")
+
+    def __init__(self, address: int, value: int) -> None:
+        self.address = address
+        self.value = value
+
+    def attempt(self, drv: SimDriver, s: _Stream, changed: list[object]) -> object | None:
+        if not drv._mapped(s.device, self.address):
+            drv._fault(s.device, _ILLEGAL_ADDRESS)
+            return None
+        _hostword.store(self.address, self.value)
+        changed.append(("word", self.address))
+        return None
+
+
+class _IpcWait(_Polled):
+    """Wait until an interprocess event's record ``target`` has completed, in any process; then,
+    for a record (``complete`` set), complete record ``complete``. The wait holds the page: the
+    event may be destroyed meanwhile."""
+
+    __slots__ = ("complete", "page", "target")
+
+    def __init__(self, page: _IpcPage, target: int, complete: int | None = None) -> None:
+        super().__init__()
+        self.page = page
+        self.target = target
+        self.complete = complete
+
+    def attempt(self, drv: SimDriver, s: _Stream, changed: list[object]) -> object | None:
+        page = self.page
+        if not page.reached(self.target):
+            return page
+        if self.complete is not None:
+            # Also after the event was destroyed here: the record still completes, for every
+            # other process, as CUDA's does.
+            _hostword.advance(page.completed, self.complete)
+            changed.append(page)
+        return None
+
+
+def _waits(resolved: list[tuple[_Semaphore, SemOp]]) -> _SemWait:
+    # A binary semaphore's wait is for a signal (a value of 1), which it consumes.
+    return _SemWait([(sem, 1 if sem.binary else op.value) for sem, op in resolved])
+
+
+def _signals(resolved: list[tuple[_Semaphore, SemOp]]) -> _Signals:
+    return _Signals([(sem, 1 if sem.binary else op.value) for sem, op in resolved])
 
 
 class _ForkedLock:
@@ -169,12 +328,15 @@ class _Stream:
         "ops",
         "submitted",
         "thread",
+        "watching",
     )
 
     def __init__(self, handle: int, device: int, lock: threading.Lock) -> None:
         self.handle = handle
         self.device = device
-        self.ops: deque[Callable[[], None]] = deque()
+        # Kernels and host functions (callables, run by the worker thread) and steps.
+        self.ops: deque[Callable[[], None] | _Step] = deque()
+        self.watching: object | None = None  # the key its blocked head step waits on
         self.cond = threading.Condition(lock)
         self.submitted = 0  # ops enqueued
         self.done = 0  # ops finished
@@ -319,10 +481,11 @@ class SimProducer:
             binary="a binary semaphore is signalled without a value: signal()",
             timeline="a timeline semaphore is signalled with a value: signal(n)",
         )
-        with self._driver._lock:
+        drv = self._driver
+        with drv._lock:
             if not sem.stuck:
                 sem.value = new
-            self._driver._deps.notify_all()
+                drv._settle([sem])
 
     def block_until(self, value: int | None = None, timeout: float | None = None) -> bool:
         """Block until a timeline reaches ``value`` (or a binary one is signalled, consuming
@@ -342,13 +505,9 @@ class SimProducer:
                 )
             if timeout != timeout:  # NaN
                 raise ValueError("timeout must be a number of seconds, not NaN")
-        deadline = None if timeout is None else time.monotonic() + timeout
         with self._driver._lock:
-            while not sem.value >= target:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._driver._deps.wait(left)
+            if not self._driver._sleep(lambda: sem.value >= target, sem, None, timeout):
+                return False
             if sem.binary:
                 sem.value = 0
             return True
@@ -407,7 +566,18 @@ class SimDriver:
         self.name = name
         self._devices = devices
         self._lock = threading.Lock()
-        self._deps = threading.Condition(self._lock)  # semaphore and event progress
+        # What each blocked stream and host thread waits on, by key: a _Semaphore, a _Stream
+        # (its completed count), an _IpcPage, ("word", address), ("blocked", device) (a stream
+        # of the device blocked on an external semaphore, for destroy_semaphore), or
+        # ("fault", device) (for host threads). A change wakes the waiters of its key only.
+        self._watchers: dict[object, dict[_Stream | threading.Condition, None]] = {}
+        # The keys that blocked streams' polled steps wait on (words and interprocess events'
+        # pages), each with the value its waiters were last attempted at (None: not yet
+        # polled), and the poller thread that looks at them.
+        self._polled: dict[object, int | None] = {}
+        self._poller: threading.Thread | None = None
+        self._poll_wake = threading.Condition(self._lock)
+        self._poll_fast = False  # a new polled wait: poll fast again for a while
         self._ids = itertools.count(0x1000, 0x10)
         self._streams: dict[int, _Stream] = {}
         self._events: dict[int, _Event] = {}
@@ -465,11 +635,19 @@ class SimDriver:
     def _fault(self, ordinal: int, status: int) -> None:
         # Called with the lock held.
         self._faults.setdefault(ordinal, status)
-        for s in self._streams.values():
+        # Host threads first: the library's fault watchdog is one of them, and it wakes the
+        # event loops.
+        for w in self._watchers.pop(("fault", ordinal), {}):
+            assert isinstance(w, threading.Condition)
+            w.notify()
+        for s in list(self._streams.values()):
             if s.device == ordinal:
                 s.ops.clear()
-                s.cond.notify_all()
-        self._deps.notify_all()
+                self._unwatch(s)
+                if s.thread is not None:
+                    s.cond.notify()
+                elif s.destroyed:
+                    del self._streams[s.handle]
 
     def launch(self, stream: int, fn: Callable[[], None]) -> None:
         """Enqueue a Python callable as a simulated kernel. It runs on the stream's worker
@@ -537,56 +715,219 @@ class SimDriver:
         assert s.capture is not None
         self._add_node(s.capture, node)
 
-    def _push(self, s: _Stream, op: Callable[[], None]) -> None:
+    def _push(self, s: _Stream, op: Callable[[], None] | _Step) -> None:
         # Called with the lock held.
         s.ops.append(op)
         s.submitted += 1
-        if s.thread is None:
-            s.thread = threading.Thread(
-                target=self._run,
-                args=(s,),
-                name=f"aiocudasem-sim-{id(self):x}-{s.handle:#x}",
-                daemon=True,
-            )
-            s.thread.start()
-        s.cond.notify()
+        if len(s.ops) == 1:  # at the head: otherwise what is ahead of it moves it on
+            changed: list[object] = []
+            self._advance(s, changed)
+            self._settle(changed)
+
+    def _advance(self, s: _Stream, changed: list[object]) -> None:
+        """Complete the steps at the head of ``s`` that can complete, then hand what comes
+        next to the worker thread (a kernel or host function) or watch what the blocked step
+        waits on. Appends the keys of what changed to ``changed``. Called with the lock
+        held."""
+        ops = s.ops
+        while ops:
+            if s.device in self._faults:
+                return  # _fault dropped the stream's work
+            op = ops[0]
+            if not isinstance(op, _Step):
+                if s.thread is None:
+                    s.thread = threading.Thread(
+                        target=self._run,
+                        args=(s,),
+                        name=f"aiocudasem-sim-{id(self):x}-{s.handle:#x}",
+                        daemon=True,
+                    )
+                    s.thread.start()
+                else:
+                    s.cond.notify()
+                return
+            key = op.attempt(self, s, changed)
+            if s.device in self._faults:
+                return
+            if key is not None:
+                self._watch(s, op, key)
+                return
+            ops.popleft()
+            s.done += 1
+            changed.append(s)
+        if s.destroyed and s.thread is None:
+            self._streams.pop(s.handle, None)
+
+    def _watch(self, s: _Stream, op: _Step, key: object) -> None:
+        # Called with the lock held.
+        s.watching = key
+        self._watchers.setdefault(key, {})[s] = None
+        if not isinstance(op, _Polled):
+            return
+        self._polled.setdefault(key, None)
+        if op.fresh:
+            op.fresh = False
+            self._poll_fast = True
+            if self._poller is None:
+                self._poller = threading.Thread(
+                    target=self._poll, name=f"aiocudasem-sim-{id(self):x}-poll", daemon=True
+                )
+                self._poller.start()
+            else:
+                self._poll_wake.notify()
+
+    def _unwatch(self, s: _Stream) -> None:
+        # Called with the lock held.
+        key, s.watching = s.watching, None
+        if key is None:
+            return
+        waiters = self._watchers.get(key)
+        if waiters is not None:
+            waiters.pop(s, None)
+            if not waiters:
+                del self._watchers[key]
+
+    def _settle(self, changed: list[object]) -> None:
+        """Wake the waiters of every key in ``changed``: attempt the blocked streams' steps
+        here (which may change more), and notify the host threads, which look for
+        themselves. Called with the lock held."""
+        while changed:
+            waiters = self._watchers.pop(changed.pop(), None)
+            if waiters is None:
+                continue
+            for w in waiters:
+                if isinstance(w, _Stream):
+                    w.watching = None
+                    self._advance(w, changed)
+                else:
+                    w.notify()
 
     def _run(self, s: _Stream) -> None:
+        """The worker thread of ``s``: runs its kernels and host functions, outside the lock.
+        Ends when the stream has nothing to run for a while, at once once destroyed."""
+        changed: list[object] = []
         while True:
             with self._lock:
-                while not s.ops:
-                    if s.destroyed or s.device in self._faults:
-                        s.thread = None
-                        if s.destroyed:
-                            self._streams.pop(s.handle, None)
-                        return
-                    s.cond.wait()
-                if s.device in self._faults:
-                    s.ops.clear()
-                    continue
-                op = s.ops[0]
-            op()  # outside the lock: ops block on dependencies and call host functions
+                op = self._next_call(s)
+                if op is None:
+                    return
+            op()  # outside the lock: a kernel may block, a host function may call back
             with self._lock:
-                if s.ops and s.ops[0] is op:
+                if s.ops and s.ops[0] is op:  # else a fault dropped it
                     s.ops.popleft()
-                if s.device not in self._faults:
                     s.done += 1
-                self._deps.notify_all()
+                    changed.append(s)
+                    self._advance(s, changed)
+                    self._settle(changed)
             del op  # not kept while the worker idles: it may hold an event's page
 
-    def _block_until(
-        self, device: int, ready: Callable[[], bool], then: Callable[[], None] | None = None
-    ) -> bool:
-        """Block a worker until ``ready()`` or a fault. ``ready`` and ``then`` run under the
-        lock, together, so that consuming what ``ready`` saw is atomic."""
+    def _next_call(self, s: _Stream) -> Callable[[], None] | None:
+        """The kernel or host function at the head of ``s``, once there is one; None when the
+        thread should end (then it is no longer the stream's). Called with the lock held."""
+        deadline = None
+        while True:
+            ops = s.ops
+            if ops and not isinstance(ops[0], _Step) and s.device not in self._faults:
+                return ops[0]
+            if s.destroyed or s.device in self._faults:
+                break
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + _IDLE_S
+            elif now >= deadline:
+                break
+            s.cond.wait(deadline - now)
+        s.thread = None
+        if s.destroyed and not s.ops:
+            self._streams.pop(s.handle, None)
+        return None
+
+    def _poll(self) -> None:
+        """The poller thread: looks at the memory that polled steps wait on (which another
+        process may write), quickly after a new wait came, then ever more slowly, and wakes
+        the waiters of what changed. Ends when no polled step is left."""
+        period = _POLL_MIN_S
         with self._lock:
-            while not ready():
-                if device in self._faults:
+            while self._polled:
+                self._poll_wake.wait(period)
+                if self._poll_fast:
+                    self._poll_fast = False
+                    period = _POLL_MIN_S
+                else:
+                    period = min(2 * period, _POLL_MAX_S)
+                for key, seen in list(self._polled.items()):
+                    if key not in self._watchers:
+                        del self._polled[key]  # its waits completed or were dropped
+                        continue
+                    now = self._peek(key)
+                    if now is None or now != seen:
+                        self._settle([key])
+                        if key in self._polled:
+                            self._polled[key] = now
+            self._poller = None
+
+    def _peek(self, key: object) -> int | None:
+        """The value of the memory a polled key names; None for a word no longer registered
+        (whose waits must look, and fault). Called with the lock held."""
+        if isinstance(key, _IpcPage):
+            return _hostword.load(key.completed)
+        assert isinstance(key, tuple)
+        address = key[1]
+        for start, (_, length) in self._words.items():
+            if start <= address < start + length:
+                return _hostword.load(address)
+        return None
+
+    def _sleep(
+        self,
+        ready: Callable[[], bool],
+        key: object,
+        device: int | None,
+        timeout: float | None = None,
+        polled: bool = False,
+    ) -> bool:
+        """Block a host thread until ``ready()``, waking only when ``key`` changes, the device
+        faults, or (``polled``) to look again. False after a fault of ``device`` or
+        ``timeout`` seconds. Called with the lock held; ``ready`` runs under it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        period = _POLL_MIN_S if polled else None
+        keys = (key,) if device is None else (key, ("fault", device))
+        cond: threading.Condition | None = None
+        while not ready():
+            if device is not None and device in self._faults:
+                return False
+            wait = period
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     return False
-                self._deps.wait()
-            if then is not None:
-                then()
-            return True
+                wait = left if wait is None else min(wait, left)
+            if period is not None:
+                period = min(2 * period, _POLL_MAX_S)
+            if cond is None:
+                cond = threading.Condition(self._lock)
+            for k in keys:
+                self._watchers.setdefault(k, {})[cond] = None
+            try:
+                cond.wait(wait)
+            finally:
+                for k in keys:
+                    waiters = self._watchers.get(k)
+                    if waiters is not None:
+                        waiters.pop(cond, None)
+                        if not waiters:
+                            del self._watchers[k]
+        return True
+
+    def notify_word(self, address: int) -> None:
+        """Tell the simulated device that the host stored to the registered word at
+        ``address``: the streams waiting on it look at once. Without it they see the store all
+        the same, within 20 ms, as they see a store by another process. Raises ``TypeError``
+        for an ``address`` that is not an int."""
+        if isinstance(address, bool) or not isinstance(address, int):
+            raise TypeError(f"address must be an int, not {type(address).__name__}")
+        with self._lock:
+            self._settle([("word", address)])
 
     def _export(self, sem: _Semaphore) -> int:
         fd = os.memfd_create("aiocudasem-sim-semaphore", os.MFD_CLOEXEC)  # a file of its own
@@ -627,11 +968,13 @@ class SimDriver:
             s = self._streams.get(stream)
             if s is None or s.destroyed or stream == 0:
                 raise _error(_INVALID_HANDLE, "cuStreamDestroy")
-            # Like the driver: returns at once, pending work still completes.
+            # Like the driver: returns at once, pending work still completes. Until then the
+            # stream costs a thread only while it has a kernel or host function to run.
             s.destroyed = True
-            if s.thread is None:
+            if s.thread is not None:
+                s.cond.notify()
+            elif not s.ops:
                 del self._streams[stream]
-            s.cond.notify_all()
 
     def stream_device(self, stream: int) -> int:
         with self._lock:
@@ -687,8 +1030,8 @@ class SimDriver:
         with self._lock:
             s = self._stream(stream, "cuStreamSynchronize")
             target = s.submitted
-        if not self._block_until(s.device, lambda: s.done >= target):
-            raise _error(self._faults[s.device], "cuStreamSynchronize")
+            if not self._sleep(lambda: s.done >= target, s, s.device):
+                raise _error(self._faults[s.device], "cuStreamSynchronize")
 
     def stream_wait_event(self, stream: int, event: int) -> None:
         with self._lock:
@@ -696,31 +1039,11 @@ class SimDriver:
             ev = self._event(event, "cuStreamWaitEvent")
             self._not_captured(ev, "cuStreamWaitEvent")
             if ev.ipc is not None:
-                page, target = ev.ipc, ev.ipc.latest()  # the latest record, in any process
-
-                def wait() -> None:
-                    self._wait_ipc(s.device, page, target)
-
-                self._push(s, wait)
+                # The latest record, in any process.
+                self._push(s, _IpcWait(ev.ipc, ev.ipc.latest()))
                 return
-            src, seq = ev.stream, ev.seq  # the state captured now, as the driver does
-            self._push(s, lambda: self._wait_seq(s.device, src, seq))
-
-    def _wait_ipc(self, device: int, page: _IpcPage, target: int) -> bool:
-        """Block until an interprocess event's record ``target`` has completed: another
-        process's stream does not tell this simulator, so it looks at the page every 0.2 ms,
-        as a stream waiting on host memory does. False after a fault. The event may be
-        destroyed meanwhile: the wait captured the record, and holds the page."""
-        with self._lock:
-            while device not in self._faults:
-                if page.reached(target):
-                    return True
-                self._deps.wait(_WORD_POLL_S)
-            return False
-
-    def _wait_seq(self, device: int, src: _Stream | None, seq: int) -> None:
-        if src is not None:
-            self._block_until(device, lambda: src.done >= seq)
+            # The state captured now, as the driver does.
+            self._push(s, _SeqWait(ev.stream, ev.seq))
 
     def launch_host_func(self, stream: int, fn: int, user_data: int) -> None:
         with self._lock:
@@ -771,27 +1094,14 @@ class SimDriver:
             ev.captured = None
             page = ev.ipc
             if page is not None:
+                # Record ``number`` completes after the one before it, in whichever process
+                # that was made (seen on an H200: a record made after one whose process died
+                # never completed), and blocks the recording stream until then.
                 number = page.next_record()
-                self._push(s, lambda: self._complete_ipc(s.device, page, number))
+                self._push(s, _IpcWait(page, number - 1, complete=number))
             else:
-                self._push(s, lambda: self._stamp(ev))
+                self._push(s, _Stamp(ev))
             ev.stream, ev.seq = s, s.submitted
-
-    def _complete_ipc(self, device: int, page: _IpcPage, number: int) -> None:
-        """Record ``number`` of an interprocess event completes after the one before it, in
-        whichever process that was made (seen on an H200: a record made after one whose
-        process died never completed). Blocks the recording stream until then."""
-        if not self._wait_ipc(device, page, number - 1):
-            return  # a fault: this device's pending work is gone
-        with self._lock:
-            # Also after the event was destroyed here: the record still completes, for
-            # every other process, as CUDA's does.
-            _hostword.advance(page.completed, number)
-            self._deps.notify_all()
-
-    @staticmethod
-    def _stamp(ev: _Event) -> None:
-        ev.stamp = time.perf_counter()
 
     def _not_captured(self, ev: _Event, what: str) -> None:
         # Called with the lock held. A query or wait of a captured event is refused, and the
@@ -815,13 +1125,15 @@ class SimDriver:
             ev = self._event(event, "cuEventSynchronize")
             self._not_captured(ev, "cuEventSynchronize")
             src, seq, page = ev.stream, ev.seq, ev.ipc
-            target = page.latest() if page is not None else 0
-        if page is not None:
-            if not self._wait_ipc(ev.device, page, target):
+            if page is not None:
+                # Another process's stream does not tell this simulator: look at the page
+                # again and again, as a stream waiting on it does.
+                target = page.latest()
+                ok = self._sleep(lambda: page.reached(target), page, ev.device, polled=True)
+            else:
+                ok = src is None or self._sleep(lambda: src.done >= seq, src, ev.device)
+            if not ok:
                 raise _error(self._faults[ev.device], "cuEventSynchronize")
-            return
-        if src is not None and not self._block_until(ev.device, lambda: src.done >= seq):
-            raise _error(self._faults[ev.device], "cuEventSynchronize")
 
     # ------------------------------------------------------------------ interprocess events
 
@@ -933,8 +1245,7 @@ class SimDriver:
             device = self._sem_devices[sem]
             # Like the driver (seen on an H200): destroying waits until no stream of the device
             # is blocked on an external semaphore.
-            while self._blocked.get(device, 0) and device not in self._faults:
-                self._deps.wait()
+            self._sleep(lambda: not self._blocked.get(device, 0), ("blocked", device), device)
             if self._sems.pop(sem, None) is None:  # destroyed by another thread meanwhile
                 raise _error(_INVALID_HANDLE, "cuDestroyExternalSemaphore")
             del self._sem_devices[sem]
@@ -960,25 +1271,7 @@ class SimDriver:
             if s.capture is not None:
                 self._capture(s, _Node("wait", ops=list(ops)))
                 return
-            self._push(s, self._waits(s, resolved))
-
-    def _waits(self, s: _Stream, resolved: list[tuple[_Semaphore, SemOp]]) -> Callable[[], None]:
-        def wait_all() -> None:
-            with self._lock:
-                self._blocked[s.device] = self._blocked.get(s.device, 0) + 1
-            try:
-                for sem, op in resolved:
-                    if sem.binary:
-                        # One wait per signal: test and consume in one critical section.
-                        self._block_until(s.device, _signalled(sem), _consumer(sem))
-                    else:
-                        self._block_until(s.device, _reached(sem, op.value))
-            finally:
-                with self._lock:
-                    self._blocked[s.device] -= 1
-                    self._deps.notify_all()
-
-        return wait_all
+            self._push(s, _waits(resolved))
 
     def enqueue_semaphore_signals(self, ops: Sequence[SemOp], stream: int) -> None:
         with self._lock:
@@ -986,17 +1279,7 @@ class SimDriver:
             if s.capture is not None:
                 self._capture(s, _Node("signal", ops=list(ops)))
                 return
-            self._push(s, self._signals(resolved))
-
-    def _signals(self, resolved: list[tuple[_Semaphore, SemOp]]) -> Callable[[], None]:
-        def signal_all() -> None:
-            with self._lock:
-                for sem, op in resolved:
-                    if not sem.stuck:
-                        sem.value = 1 if sem.binary else op.value
-                self._deps.notify_all()
-
-        return signal_all
+            self._push(s, _signals(resolved))
 
     # ------------------------------------------------------------------ graphs
 
@@ -1089,7 +1372,7 @@ class SimDriver:
                 raise _error(_INVALID_HANDLE, "cuGraphLaunch")
             s = self._stream(stream, "cuGraphLaunch")
             # The parameters of this launch are those set before it.
-            steps: list[Callable[[], None]] = []
+            steps: list[Callable[[], None] | _Step] = []
             for node in nodes.values():
                 if node.kind == "kernel":
                     assert node.fn is not None
@@ -1099,13 +1382,10 @@ class SimDriver:
                     if self._sem_devices.get(op.sem) != s.device:
                         raise _error(_INVALID_HANDLE, "cuGraphLaunch")
                 resolved = [(self._sems[op.sem], op) for op in node.ops]
-                steps.append(
-                    self._signals(resolved) if node.kind == "signal" else self._waits(s, resolved)
-                )
+                steps.append(_signals(resolved) if node.kind == "signal" else _waits(resolved))
             last = self._exec_last.get(graph_exec)
             if last is not None and last[0] is not s:
-                src, seq = last
-                steps.insert(0, lambda: self._wait_seq(s.device, src, seq))
+                steps.insert(0, _SeqWait(*last))
             for step in steps:
                 self._push(s, step)
             self._exec_last[graph_exec] = (s, s.submitted)
@@ -1177,18 +1457,7 @@ class SimDriver:
             if not 0 <= value < _U64:
                 raise _error(_INVALID_VALUE, "cuStreamWaitValue64")
             self._word(s, address, "cuStreamWaitValue64")
-            self._push(s, lambda: self._wait_word(s.device, address, value))
-
-    def _wait_word(self, device: int, address: int, value: int) -> None:
-        with self._lock:
-            while device not in self._faults:
-                if not self._mapped(device, address):
-                    # Unregistered under a pending wait: the GPU's read would fault.
-                    self._fault(device, _ILLEGAL_ADDRESS)
-                    return
-                if (_hostword.load(address) - value) % _U64 < _I64_SIGN:
-                    return  # (int64_t)(*address - value) >= 0, as the driver compares
-                self._deps.wait(_WORD_POLL_S)
+            self._push(s, _WordWait(address, value))
 
     def enqueue_write_value64(self, stream: int, address: int, value: int) -> None:
         with self._lock:
@@ -1196,13 +1465,4 @@ class SimDriver:
             if not 0 <= value < _U64:
                 raise _error(_INVALID_VALUE, "cuStreamWriteValue64")
             self._word(s, address, "cuStreamWriteValue64")
-
-            def write() -> None:
-                with self._lock:
-                    if not self._mapped(s.device, address):
-                        self._fault(s.device, _ILLEGAL_ADDRESS)
-                        return
-                    _hostword.store(address, value)
-                    self._deps.notify_all()
-
-            self._push(s, write)
+            self._push(s, _WordWrite(address, value))
