@@ -181,6 +181,7 @@ class HostTimeline(Abandonable):
         with page.lock:
             self._check_open("signal() of a closed host timeline")
             seen = _hostword.advance(page.address, target)
+        self._driver.notify_word(page.address)
         if seen > target:
             raise ValueError(
                 f"the host timeline is at {seen} already, and a timeline never goes back: "
@@ -238,6 +239,7 @@ class HostTimeline(Abandonable):
                 _hostword.advance(page.address, target)
             finally:
                 self._give_up()
+        self._driver.notify_word(page.address)
 
     def export_fd(self) -> int:
         """A new fd of the shared page, for another process: send it over a Unix socket

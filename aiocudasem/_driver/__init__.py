@@ -241,6 +241,12 @@ class Driver(Protocol):
         still use the memory."""
         ...
 
+    def notify_word(self, address: int) -> None:
+        """The host stored to the registered word at the host address ``address`` (a host
+        timeline's signal). The real driver does nothing: the GPU sees the store. A simulated
+        device that polls host memory looks at once."""
+        ...
+
     def enqueue_wait_value64(self, stream: int, address: int, value: int) -> None:
         """Make later work on the stream wait, on the GPU, until the 64-bit word at the device
         address ``address`` reaches ``value`` (``cuStreamWaitValue64``, a cyclic

@@ -690,6 +690,9 @@ class CudaDriver:
             self.host_unregister(address)
             raise
 
+    def notify_word(self, address: int) -> None:
+        pass  # the GPU sees a host store to mapped memory by itself
+
     def host_unregister(self, address: int) -> None:
         # Called from release threads, which may have no context current: use the one the
         # memory was registered in.
