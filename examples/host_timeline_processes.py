@@ -93,7 +93,7 @@ async def produce(fd: int, driver_name: str, frames: int, gpu: bool) -> None:
                 await done.wait_value(frames)
             finally:
                 if tg.cancel_scope.cancel_called:  # the consumer is gone: free our waits
-                    done.signal(done.MAX)
+                    done.abandon()
             tg.cancel_scope.cancel()
         del slots
         ring.close()
@@ -156,7 +156,7 @@ async def consume(
                 tg.cancel_scope.cancel()
             gone = handed < frames
             if gone:  # nothing will signal `ready` again: release the stream's pending wait
-                ready.signal(ready.MAX)
+                ready.abandon()
     finally:
         del slots
         ring.close()
