@@ -288,3 +288,24 @@ def test_graph_handoff(driver: str, backend: str, how: str) -> None:
     out = run_example("graph_handoff.py", *args, timeout=120).stdout
     assert out.splitlines()[-1].startswith(f"300 launches of one {how} graph in ")
     assert out.splitlines()[-1].endswith(f"on driver '{driver}'")
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_producer_dies(driver: str, backend: str) -> None:
+    args = ["--driver", driver, "--backend", backend, "--frames", "5"]
+    proc = run_example("producer_dies.py", *args, timeout=60)
+    lines = proc.stdout.splitlines()
+    assert frames_done(proc.stdout) == [1, 2, 3, 4, 5], proc.stdout
+    assert lines[-3:-1] == [
+        "the producer's socket closed: abandoning its timeline",
+        "frame 6 never came: its hand-off raised AbandonedError",
+    ], proc.stdout
+    last = re.fullmatch(
+        rf"the producer exited \(-9\); stream and timelines released (\d+) ms after giving up, "
+        rf"on driver '{driver}'",
+        lines[-1],
+    )
+    assert last, proc.stdout
+    assert int(last.group(1)) < 1000, proc.stdout
+    assert proc.stderr == "", proc.stderr
