@@ -13,7 +13,11 @@ that host function (and its side stream's wait) behind the old record, which may
 complete, and the event may be recorded again. So every abandoned wait (cancelled, or ended by
 its loop's shutdown) *retires* its key: the key also carries a generation, and later waits on
 the event take a new one, with a new chain and a new side stream. The generations are
-process-wide, since side streams outlive an event loop.
+process-wide, since side streams outlive an event loop. The retired key's side stream becomes
+a spare (``_pools.side_streams.retire``): a later key takes it once its host function has run,
+and a completed wait destroys the idle spares, so that a wait cancelled again and again makes
+streams only while the abandoned ones are still blocked, and leaves none behind once the work
+completes.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import anyio.lowlevel
 
 from ._checks import check_device, check_ordinal, resolve_driver
 from ._driver import Driver
-from ._notifier import Point, current_notifier
+from ._notifier import Point, current_notifier, side_streams
 from ._stream import Event, Stream
 
 if TYPE_CHECKING:
@@ -63,15 +67,18 @@ def _key(driver: Driver, handle: int, device: int) -> int:
     return foreign_key(handle, device, generation)
 
 
-def _retire(driver: Driver, handle: int, device: int) -> None:
-    """A wait on the event was abandoned, perhaps with its host function armed: later waits
-    take a new key (see the module's docstring)."""
+def _retire(driver: Driver, handle: int, device: int, key: int) -> None:
+    """A wait on the event, with ``key``, was abandoned, perhaps with its host function armed:
+    later waits take a new key, and the old key's side stream becomes a spare (see the
+    module's docstring). Another wait may have retired ``key`` already."""
     with _lock:
         table = _retired.setdefault(driver, OrderedDict())
-        table[(handle, device)] = next(_generations)
+        if foreign_key(handle, device, table.get((handle, device), 0)) == key:
+            table[(handle, device)] = next(_generations)
         table.move_to_end((handle, device))
         if len(table) > _RETIRED_LIMIT:
             table.popitem(last=False)
+    side_streams.retire(driver, device, key)
 
 
 async def wait_event(
@@ -143,11 +150,11 @@ async def wait_event(
         await notifier.wait(point)
     except BaseException:
         # Abandoned (cancelled, or its loop shutting down, which disarms the point first):
-        # its host function may still be queued behind this record. Retiring a key that had
-        # none only costs the next wait a new side stream.
+        # its host function may still be queued behind this record.
         if not point.done:
-            _retire(drv, handle, device)
+            _retire(drv, handle, device, key)
         raise
+    side_streams.sweep(drv, device)
 
 
 def _own_event(event: object) -> Event | IpcEvent | None:

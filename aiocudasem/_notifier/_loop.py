@@ -32,7 +32,7 @@ from .._errors import AiocudasemError, DeviceFaultError
 from .._hotpath import in_park_order
 from . import _tuning
 from ._points import History, Point
-from ._pools import destroy_stream, event_pool, give_back, host_wait_streams, record_pooled
+from ._pools import event_pool, give_back, host_wait_streams, record_pooled
 from ._sleepers import crowd_waker, sleeper_factory, wake
 from ._wake import STRATEGIES as _STRATEGIES
 from ._watchdog import _watchdog
@@ -704,31 +704,36 @@ _NOTIFIER: anyio.lowlevel.RunVar[Notifier] = anyio.lowlevel.RunVar("aiocudasem_n
 
 
 async def wait_private_stream(
-    driver: Driver, device: int, enqueue: Callable[[int], object]
+    driver: Driver, device: int, enqueue: Callable[[int], object], key: object = None
 ) -> None:
     """Take a private stream of ``device`` (the host-wait pool), let ``enqueue(stream)`` put
-    GPU work or waits on it, and wait until the stream has passed them. A stream whose wait
-    completed goes back to the pool; one whose wait was cancelled or failed may stay blocked,
-    so it is destroyed. A checkpoint. Used by host-side semaphore waits and by ``ready()``."""
+    GPU work or waits on it, and wait until the stream has passed them. A checkpoint. Used by
+    host-side semaphore waits, interprocess events and ``ready()``.
+
+    A stream whose wait completed goes back to the pool. One whose wait was cancelled or
+    failed may stay blocked: it is parked until the driver reports it idle, with its side
+    stream and the host function already queued there, rather than destroyed, since the next
+    wait would otherwise create two streams (see ``_HostWaitStreams``). ``key``, hashable:
+    what the wait waits for, if a later wait with an equal key may go behind this one's
+    abandoned GPU wait (it waits for no less). A cancelled wait with a key leaves its stream
+    to such a retry, which then enqueues behind it and shares its host function."""
     await anyio.lowlevel.checkpoint_if_cancelled()
     notifier = current_notifier()
-    stream = host_wait_streams.take(driver, device)
-    done = False
+    stream = host_wait_streams.take(driver, device, key)
     try:
         enqueue(stream)
         pool = event_pool.free_list(driver, device)
         event = record_pooled(driver, device, pool, stream)
         history = notifier.history(driver, stream)
         await notifier.wait(Point(driver, device, stream, event, pool, history))
-        done = True
-    finally:
-        if done:
-            host_wait_streams.give(driver, device, stream)
-        else:
-            try:
-                destroy_stream(driver, stream)
-            except AiocudasemError:
-                pass  # a faulted device: the stream is gone with its context
+    except BaseException as exc:
+        # Only a cancelled wait's GPU wait is worth a retry's sharing: a failed one's stream
+        # may belong to a faulted device, which the next look finds and destroys.
+        cancelled = isinstance(exc, anyio.get_cancelled_exc_class())
+        host_wait_streams.park(driver, device, stream, key if cancelled else None)
+        raise
+    host_wait_streams.give(driver, device, stream)
+    host_wait_streams.sweep(driver, device)
 
 
 def running_notifier() -> Notifier | None:
