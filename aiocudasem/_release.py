@@ -16,8 +16,10 @@ import threading
 import warnings
 from collections import deque
 from collections.abc import Callable
+from typing import Final
 
-import anyio.to_thread
+import anyio
+import anyio.lowlevel
 
 from . import _log
 from ._errors import AiocudasemError, DeviceFaultError, DriverUnavailableError
@@ -98,24 +100,89 @@ def in_thread(destroy: Callable[[], None], what: str) -> None:
     ).start()
 
 
+_WAY_OUT: Final = (
+    "If its producer is gone, call abandon() on it (the streams that wait on it then go on); "
+    "to release it without waiting, call close()."
+)
+
+
 async def in_worker(destroy: Callable[[], None], what: str, abandoned: Callable[[], None]) -> None:
     """``aclose()``'s release of an object whose release can block on the device: run
-    ``destroy`` in a worker thread and wait for it without blocking the event loop. Exactly
-    one of the worker and the cancellation path releases: if the wait is cancelled before the
-    worker has started, ``abandoned()`` releases instead (without waiting), so nothing
-    leaks."""
+    ``destroy`` in a daemon thread of its own and wait for it without blocking the event loop,
+    logging a slow close after ``CLOSE_WARNING_S``.
+    Exactly one of the thread and the cancellation path releases: if the wait is cancelled
+    before the thread has started, ``abandoned()`` releases instead (without waiting), so
+    nothing leaks. A failure of the release is raised here, or logged once nobody waits.
+
+    Not a worker thread of anyio: on asyncio those are not daemon threads, and one left blocked
+    on the device by a cancelled wait kept the interpreter from exiting. The thread tells the
+    loop through its token, which never blocks the thread and fails (ignored) once the loop has
+    ended, so that nothing waits on the loop either."""
     claim = threading.Lock()
+    token = anyio.lowlevel.current_token()
+    done = anyio.Event()
+    handoff = _Handoff()
 
     def run() -> None:
-        if claim.acquire(blocking=False):
+        if not claim.acquire(blocking=False):
+            return
+        error: BaseException | None = None
+        try:
             release(destroy, what, False)
+        except BaseException as exc:
+            error = exc
+        if handoff.finish(error):
+            try:
+                token.backend_class.run_sync_soon(done.set, (), token.native_token)
+            except Exception:  # the loop has ended: its waiter has left with it
+                pass
+        elif error is not None:
+            _log.logger.warning("destroying %s failed: %s", what, error)
 
     try:
-        await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
+        threading.Thread(target=run, name="aiocudasem-release", daemon=True).start()
+        with anyio.move_on_after(_log.CLOSE_WARNING_S):
+            await done.wait()
+        if not done.is_set():
+            _log.slow_close(what, _log.CLOSE_WARNING_S, "", _WAY_OUT)
+            await done.wait()
     except BaseException:
         if claim.acquire(blocking=False):
             abandoned()
+        else:
+            error = handoff.leave()
+            if error is not None:
+                _log.logger.warning("destroying %s failed: %s", what, error)
         raise
+    if handoff.error is not None:
+        raise handoff.error
+
+
+class _Handoff:
+    """Who reports the outcome of :func:`in_worker`'s release: the waiting coroutine while it
+    waits, whichever of the two comes second otherwise."""
+
+    __slots__ = ("_lock", "error", "finished", "waiting")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.error: BaseException | None = None
+        self.finished = False
+        self.waiting = True
+
+    def finish(self, error: BaseException | None) -> bool:
+        """The release ended with ``error``: True if the coroutine still waits for it."""
+        with self._lock:
+            self.finished = True
+            self.error = error
+            return self.waiting
+
+    def leave(self) -> BaseException | None:
+        """The coroutine stops waiting: the release's error, if it has already ended with one
+        that nobody else will report."""
+        with self._lock:
+            self.waiting = False
+            return self.error if self.finished else None
 
 
 def _run(destroy: Callable[[], None], what: str, *, collected: bool) -> None:
