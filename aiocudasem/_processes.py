@@ -12,6 +12,7 @@ shared: each side has its own driver and context, and the receiver imports the f
 from __future__ import annotations
 
 import os
+import socket
 from typing import Final
 
 import anyio.abc
@@ -39,10 +40,12 @@ async def send_semaphore(
     ``fd`` is what a producer exports (for example ``VulkanSemaphore.export_fd()``); only the
     fd handle types can travel this way. With ``close`` (the default) this process's copy is
     closed once it is sent, since the receiver owns the semaphore from then on; it stays open
-    if sending fails. A checkpoint. Raises ``TypeError`` and ``ValueError`` for a bad ``fd``
-    or handle type, and what anyio's ``send_fds`` raises for the socket (``BrokenResourceError``
-    once the peer has gone).
+    if sending fails. A checkpoint. Raises ``TypeError`` for a ``stream`` that is not an
+    ``anyio.abc.UNIXSocketStream`` (a plain ``socket.socket`` included), ``TypeError`` and
+    ``ValueError`` for a bad ``fd`` or handle type, and what anyio's ``send_fds`` raises for
+    the socket (``BrokenResourceError`` once the peer has gone).
     """
+    _check_stream(stream, "send_semaphore")
     if not isinstance(handle_type, HandleType):
         raise TypeError(f"handle_type must be an aiocudasem.HandleType, not {handle_type!r}")
     row = lookup(handle_type)
@@ -68,10 +71,12 @@ async def receive_semaphore(
     ``device`` (``driver`` as for :func:`import_semaphore`).
 
     A checkpoint; cancelling it before a message arrives receives nothing. Raises
+    ``TypeError`` for a ``stream`` that is not an ``anyio.abc.UNIXSocketStream``,
     ``anyio.EndOfStream`` if the peer closed the connection (a producer that exited or was
     killed), ``ValueError`` for a message that is not a semaphore of this protocol (any fd it
     carried is closed), and what :func:`import_semaphore` raises (the fd is closed then too).
     """
+    _check_stream(stream, "receive_semaphore")
     # Room for a second fd, so that a message with more than one is refused, not truncated.
     message, fds = await stream.receive_fds(_SIZE, 2)
     try:
@@ -86,6 +91,22 @@ async def receive_semaphore(
     except BaseException:
         os.close(fd)  # not imported: the fd is still ours
         raise
+
+
+def _check_stream(stream: object, function: str) -> None:
+    """``TypeError`` for anything but anyio's Unix socket stream, before anything is sent,
+    received or opened: only it can carry fds."""
+    if isinstance(stream, anyio.abc.UNIXSocketStream):
+        return
+    hint = ""
+    if isinstance(stream, socket.socket):
+        hint = (
+            ": wrap a connected AF_UNIX socket with await anyio.abc.UNIXSocketStream.from_socket()"
+        )
+    raise TypeError(
+        f"{function}() needs an anyio.abc.UNIXSocketStream (from anyio.connect_unix() or "
+        f"anyio.create_unix_listener()), not {type(stream).__name__}{hint}"
+    )
 
 
 def _parse(message: bytes, fds: list[int]) -> HandleType:
@@ -108,8 +129,10 @@ async def send_host_timeline(stream: anyio.abc.UNIXSocketStream, timeline: HostT
     :func:`receive_host_timeline`: both then share one value. This process keeps its timeline
     (a new fd of its page is sent, and this process's copy of that fd is closed afterwards).
     Use the socket as :func:`send_semaphore` says. A checkpoint. Raises ``TypeError`` for
-    anything but a :class:`HostTimeline`, ``anyio.ClosedResourceError`` for a closed one, and
+    a ``stream`` that is not an ``anyio.abc.UNIXSocketStream`` and for anything but a
+    :class:`HostTimeline`, ``anyio.ClosedResourceError`` for a closed one, and
     what anyio's ``send_fds`` raises for the socket."""
+    _check_stream(stream, "send_host_timeline")
     if not isinstance(timeline, HostTimeline):
         raise TypeError(f"expected an aiocudasem.HostTimeline, not {type(timeline).__name__}")
     fd = timeline.export_fd()
@@ -129,9 +152,11 @@ async def receive_host_timeline(
     it on ``device`` (``driver`` as for :func:`open_host_timeline`).
 
     A checkpoint; cancelling it before a message arrives receives nothing. Raises
+    ``TypeError`` for a ``stream`` that is not an ``anyio.abc.UNIXSocketStream``,
     ``anyio.EndOfStream`` if the peer closed the connection, ``ValueError`` for a message that
     is not a host timeline of this protocol (any fd it carried is closed), and what
     :func:`open_host_timeline` raises (the fd is closed then too)."""
+    _check_stream(stream, "receive_host_timeline")
     message, fds = await stream.receive_fds(_SIZE, 2)
     try:
         if len(message) != _SIZE or message.rstrip(b" ") != _TIMELINE_TAG:

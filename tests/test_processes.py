@@ -273,3 +273,44 @@ async def test_a_peer_process_that_goes_away_ends_a_host_timeline_receive(
             proc.kill()
         with anyio.fail_after(10), pytest.raises(anyio.EndOfStream):
             await acs.receive_host_timeline(consumer_end, driver=sim)
+
+
+async def test_anything_but_a_unix_socket_stream_is_a_type_error_and_consumes_nothing(
+    sim: SimDriver, pair: tuple[anyio.abc.UNIXSocketStream, anyio.abc.UNIXSocketStream]
+) -> None:
+    """A plain socket (the usual mistake), an int or None: a TypeError that names the type to
+    pass, raised before an fd is sent, received, exported or closed."""
+    producer_end, consumer_end = pair
+    sem = sim.create_semaphore(timeline=True)
+    fd = sem.export_fd()
+    timeline = acs.create_host_timeline(driver=sim)
+    plain, other = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        before = open_fds()
+        for bad in (plain, plain.fileno(), None):
+            calls = [
+                acs.send_semaphore(bad, fd, acs.HandleType.TIMELINE_SEMAPHORE_FD),  # type: ignore[arg-type]
+                acs.receive_semaphore(bad, driver=sim),  # type: ignore[arg-type]
+                acs.send_host_timeline(bad, timeline),  # type: ignore[arg-type]
+                acs.receive_host_timeline(bad, driver=sim),  # type: ignore[arg-type]
+            ]
+            for call in calls:
+                with pytest.raises(TypeError, match=r"anyio\.abc\.UNIXSocketStream") as info:
+                    await call
+                if isinstance(bad, socket.socket):
+                    assert "from_socket()" in str(info.value)
+        assert open_fds() == before  # nothing exported, received or closed
+        os.fstat(fd)  # the semaphore's fd is still the caller's
+        other.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            other.recv(1)  # nothing went over the plain socket
+        # The streams still work: a refused call took nothing from them.
+        await acs.send_host_timeline(producer_end, timeline)
+        async with await acs.receive_host_timeline(consumer_end, driver=sim) as received:
+            timeline.signal(3)
+            assert received.value == 3
+    finally:
+        plain.close()
+        other.close()
+        os.close(fd)
+        await timeline.aclose()
