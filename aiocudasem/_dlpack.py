@@ -42,11 +42,18 @@ async def ready(array: object, *, driver: Driver | str | None = None) -> None:
     order to the caller), so ``ready()`` refuses them: await the stream that wrote the buffer
     with :func:`wait_stream`.
 
+    A ``__dlpack__`` that accepts the ``stream`` argument but ignores it cannot be told from
+    one whose producer has nothing pending, which rightly enqueues nothing: CUDA cannot say
+    whether anything was enqueued on a stream. ``ready()`` then returns at once, whatever the
+    producer's work. Only a ``__dlpack__`` without a ``stream`` parameter is refused, and
+    cuda.core's buffers, which ignore it (see above).
+
     ``driver`` is as for :func:`open_stream` (by default the real CUDA driver). A checkpoint;
-    cancelling abandons the observation only (the private stream is then destroyed, not
-    reused). Raises ``TypeError`` for an object without DLPack, whose ``__dlpack__`` takes no
-    stream or ignores it, ``ValueError`` for a device that is neither the CPU nor CUDA, or for
-    a device ordinal that does not exist, and what the producer's ``__dlpack__`` raises.
+    cancelling abandons the observation only (the private stream is reused once the
+    producer's work has passed it). Raises ``TypeError`` for an object without DLPack, or
+    whose ``__dlpack__`` takes no ``stream``, or for one of cuda.core; ``ValueError`` for a
+    device that is neither the CPU nor CUDA, or for a device ordinal that does not exist; and
+    what the producer's ``__dlpack__`` raises.
     """
     name = type(array).__name__
     device_of = getattr(array, "__dlpack_device__", None)

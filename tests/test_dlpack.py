@@ -61,7 +61,9 @@ async def test_ready_waits_for_the_producers_pending_work(sim: SimDriver) -> Non
         assert isinstance(stream, int) and stream not in (0, 1, 2)  # a private stream
 
 
-async def test_the_private_stream_is_reused_and_an_abandoned_one_is_not(sim: SimDriver) -> None:
+async def test_the_private_stream_is_reused_and_an_abandoned_one_once_idle(
+    sim: SimDriver,
+) -> None:
     async with acs.open_stream(driver=sim) as theirs:
         x = Producer(sim, theirs)
         await acs.ready(x, driver=sim)
@@ -71,9 +73,16 @@ async def test_the_private_stream_is_reused_and_an_abandoned_one_is_not(sim: Sim
         with anyio.move_on_after(0.05) as scope:
             await acs.ready(x, driver=sim)
         assert scope.cancelled_caught
+        more = hold(theirs)  # more pending work: the abandoned stream is still blocked
+        with anyio.move_on_after(0.05):
+            await acs.ready(x, driver=sim)
+        assert x.exports[3] != x.exports[2]  # not handed out while blocked
         gate.set()
+        more.set()  # the work completes; the abandoned streams' waits pass
+        while not all(sim.stream_query(s) for s in x.exports[2:4]):  # type: ignore[arg-type]
+            await anyio.sleep(0.01)
         await acs.ready(x, driver=sim)
-        assert x.exports[3] != x.exports[2]  # the cancelled wait's stream was not reused
+        assert x.exports[4] in x.exports[2:4]  # an abandoned stream, reused once idle
     assert statistics().parked == 0
 
 
