@@ -23,11 +23,11 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import anyio
-import anyio.from_thread
 import anyio.lowlevel
 
 from ._errors import AbandonedError, AiocudasemError
 from ._lifetime import OnDevice
+from ._loopcall import call_soon
 
 if TYPE_CHECKING:
     from anyio.lowlevel import EventLoopToken
@@ -103,33 +103,14 @@ class Parked:
             waiters = list(self._waiters)
             self._waiters.clear()
         here = threading.get_ident()
-        elsewhere: dict[int, tuple[EventLoopToken, list[anyio.CancelScope]]] = {}
         for w in waiters:
             w.woken = True
             if w.thread == here:
                 w.scope.cancel()
             else:
-                elsewhere.setdefault(id(w.token.native_token), (w.token, []))[1].append(w.scope)
-        for token, scopes in elsewhere.values():
-            # Handing the cancellation to another loop waits for that loop to run it, which
-            # the caller must not: a thread of its own waits instead.
-            threading.Thread(
-                target=_cancel_in_loop,
-                args=(token, scopes),
-                name="aiocudasem-notify-closing",
-                daemon=True,
-            ).start()
-
-
-def _cancel_in_loop(token: EventLoopToken, scopes: list[anyio.CancelScope]) -> None:
-    def cancel() -> None:
-        for scope in scopes:
-            scope.cancel()
-
-    try:
-        anyio.from_thread.run_sync(cancel, token=token)
-    except Exception:  # the loop has ended meanwhile: its tasks are gone with it
-        pass
+                # Another loop's task: its loop cancels it (once it has ended, its tasks are
+                # gone with it).
+                call_soon(w.token, w.scope.cancel)
 
 
 class Abandonable(OnDevice):

@@ -23,6 +23,7 @@ import anyio.lowlevel
 
 from . import _log
 from ._errors import AiocudasemError, DeviceFaultError, DriverUnavailableError
+from ._loopcall import call_soon
 
 __all__ = (
     "defer",
@@ -132,10 +133,7 @@ async def in_worker(destroy: Callable[[], None], what: str, abandoned: Callable[
         except BaseException as exc:
             error = exc
         if handoff.finish(error):
-            try:
-                token.backend_class.run_sync_soon(done.set, (), token.native_token)
-            except Exception:  # the loop has ended: its waiter has left with it
-                pass
+            call_soon(token, done.set)  # False once the loop has ended: its waiter left too
         elif error is not None:
             _log.logger.warning("destroying %s failed: %s", what, error)
 
