@@ -6,6 +6,7 @@ import ctypes
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -226,7 +227,10 @@ class ExternalSemaphore(Abandonable):
                 f"wait_value() needs a timeline semaphore; this one is {self._type.name}: "
                 "use wait_signaled() for a binary semaphore"
             )
-        await self._park(partial(_host_wait, [Wait(self, value)]))
+        # A retry of the same value may go behind an abandoned wait's stream (it waits for no
+        # less); a weak reference, so that the pool of parked streams keeps no semaphore.
+        key = (weakref.ref(self), value)
+        await self._park(partial(_host_wait, [Wait(self, value)], key))
 
     async def wait_signaled(self) -> None:
         """Wait, from the host, until a binary (OPAQUE_FD/Win32) semaphore is signalled, and
@@ -607,7 +611,7 @@ def split_entries(
     return ops, words
 
 
-async def _host_wait(entries: list[Wait]) -> None:
+async def _host_wait(entries: list[Wait], key: object = None) -> None:
     sem = entries[0].semaphore
     drv = sem._driver
     ops = [e._op() for e in entries]
@@ -617,4 +621,4 @@ async def _host_wait(entries: list[Wait]) -> None:
         for e in entries:
             e.semaphore._note_wait(e.value, stream)
 
-    await wait_private_stream(drv, sem._device, enqueue)
+    await wait_private_stream(drv, sem._device, enqueue, key)

@@ -20,6 +20,7 @@ import mmap
 import os
 import stat
 import threading
+import weakref
 from functools import partial
 from typing import TYPE_CHECKING, Final
 
@@ -212,6 +213,8 @@ class HostTimeline(Abandonable):
                 driver,
                 self._device,
                 lambda stream: enqueue_words(driver, stream, [(self, target)], write=False),
+                # A retry of the same value may go behind an abandoned wait's stream.
+                (weakref.ref(self), target),
             )
         )
 

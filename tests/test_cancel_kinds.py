@@ -214,3 +214,26 @@ async def test_a_cancelled_waits_stream_is_reused_once_its_work_completes(
         await complete_one(p)
         assert len(made) <= 4, f"{len(made)} streams made for {n} cancelled waits"
         assert took < n * 0.02, f"{n} cancellations took {took:.2f} s"
+
+
+@pytest.mark.parametrize("kind", ["semaphore", "host timeline"])
+async def test_retries_of_an_unreached_value_share_one_stream(
+    sim: SimDriver, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop that waits for a value with a timeout and tries again, while the producer is
+    late: each retry goes behind the abandoned wait's stream instead of making a new one."""
+    if kind == "semaphore":
+        obj, producer = import_sim_semaphore(sim)
+        signal = producer.signal
+    else:
+        obj = acs.create_host_timeline(driver=sim)
+        signal = obj.signal
+    async with obj:
+        made = count_creations(sim, monkeypatch)
+        with anyio.fail_after(30):
+            for _ in range(100):
+                with anyio.move_on_after(0.002):
+                    await obj.wait_value(5)
+            signal(5)
+            await obj.wait_value(5)
+        assert len(made) <= 2, f"{len(made)} streams made for 100 retries of one value"
