@@ -36,7 +36,15 @@ static PyObject *refusal;      /* refuse(): raises why the calls are unbound, af
 #define NOT_READY 600 /* CUDA_ERROR_NOT_READY */
 
 static PyObject *fail(cu_result r, const char *what) {
-    PyObject *factory = fail_factory; /* bind() may replace it during the call */
+    /* bind() may replace it during the call, and unbind() clear it: the enqueuing calls
+     * release the GIL, so the factory that check_args() saw may be gone. */
+    PyObject *factory = fail_factory;
+    if (!factory) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s failed (%d) and the CUDA driver calls were unbound meanwhile", what,
+                     (int)r);
+        return NULL;
+    }
     Py_INCREF(factory);
     PyObject *out = PyObject_CallFunction(factory, "is", (int)r, what);
     Py_DECREF(factory);

@@ -76,3 +76,38 @@ def test_unbind_needs_a_callable_and_bools_are_not_handles() -> None:
         _cucalls.unbind("no")  # type: ignore[arg-type]
     with pytest.raises((TypeError, RuntimeError)):
         _cucalls.stream_query(True)
+
+
+def test_a_call_unbound_while_the_driver_ran_it_raises() -> None:
+    """The enqueuing calls release the GIL, so the error factory that was bound when a call
+    began may be gone when the driver's answer comes back (here a stand-in driver function
+    unbinds): the failure raises instead of calling a NULL factory (in a fresh process, so
+    that no bound driver is touched)."""
+    code = """if True:
+        import ctypes
+        from aiocudasem import _cucalls
+
+        def refuse():
+            raise OSError("refused: forked")
+
+        @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+        def record(event, stream):
+            _cucalls.unbind(refuse)
+            return 1  # CUDA_ERROR_INVALID_VALUE
+
+        def fail(status, what):
+            raise SystemExit("the factory of the unbound driver was called")
+
+        address = ctypes.cast(record, ctypes.c_void_p).value
+        _cucalls.bind(address, address, address, address, address, fail)
+        try:
+            _cucalls.event_record(1, 2)
+        except RuntimeError as exc:
+            assert "cuEventRecord failed (1)" in str(exc), exc
+        else:
+            raise SystemExit("event_record() did not raise")
+        print("raised")
+    """
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "raised"
