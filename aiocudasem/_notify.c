@@ -291,6 +291,27 @@ static PyObject *Notifier_queued(NotifierObject *self, PyObject *Py_UNUSED(ignor
     return PyBool_FromLong(queued);
 }
 
+static PyObject *Notifier_fired(NotifierObject *self, PyObject *arg) {
+    /* Whether the host function armed with `token` has run and its token waits in the queue
+     * (not drained yet). Another loop asks, for a point whose owner has not collected it: a
+     * scan of the queue, which holds at most the host functions that fired since the owner
+     * last drained. False if closed. */
+    unsigned long long token = PyLong_AsUnsignedLongLong(arg);
+    if (token == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    state_t *st = self->st;
+    if (!st) Py_RETURN_FALSE;
+    int found = 0;
+    pthread_mutex_lock(&st->lock);
+    for (node_t *n = st->head; n; n = n->next) {
+        if (n->token == token) {
+            found = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&st->lock);
+    return PyBool_FromLong(found);
+}
+
 static PyObject *Notifier_kick(NotifierObject *self, PyObject *Py_UNUSED(ignored)) {
     /* Wake the loop's fd without a completion (a device fault, a fork). Safe from any thread
      * that holds the GIL; a closed notifier ignores it. */
@@ -336,6 +357,8 @@ static PyMethodDef Notifier_methods[] = {
      "drain() -> list[int]: consume the wake-up and return the completed tokens, oldest first."},
     {"queued", (PyCFunction)Notifier_queued, METH_NOARGS,
      "queued() -> bool: a completion is waiting for drain(); False if closed."},
+    {"fired", (PyCFunction)Notifier_fired, METH_O,
+     "fired(token) -> bool: its host function ran and the token waits for drain(); False if closed."},
     {"kick", (PyCFunction)Notifier_kick, METH_NOARGS,
      "kick() -> bool: wake the fd without a completion; False if closed."},
     {"fileno", (PyCFunction)Notifier_fileno, METH_NOARGS, "fileno() -> int: the wake-up fd."},

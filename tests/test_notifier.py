@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -987,3 +988,83 @@ async def test_an_asyncio_timeout_and_a_cancel_scope_at_once_on_a_parked_wait(
                 gate.set()
         assert outcome == "timeout"
         assert task.cancelling() == 0
+
+
+_ABANDONED_KINDS = [
+    "Stream.wait_complete",
+    "Event.wait",
+    "ExternalSemaphore.wait_value",
+    "HostTimeline.wait_value",
+    "wait_event",
+]
+
+
+@pytest.mark.parametrize("kind", _ABANDONED_KINDS)
+async def test_an_abandoned_waits_notification_is_released_without_the_loop_parking_again(
+    sim: SimDriver, parked: None, kind: str
+) -> None:
+    """The last waiter of the loop leaves with its host function armed; once the GPU gets
+    past the point, the notification is collected although nothing of this loop parks again
+    (anyio.sleep() does not): armed, chained and pending are back to 0."""
+    from tests.test_cancel_kinds import pending
+
+    async with pending(sim, kind) as p:
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(p.wait)
+                await anyio.wait_all_tasks_blocked()
+                now = statistics()
+                assert (now.parked, now.armed, now.pending) == (1, 1, 1), now
+                tg.cancel_scope.cancel()
+        assert statistics().parked == 0
+        assert statistics().armed == 1
+        p.release()
+        with anyio.fail_after(2):
+            while statistics().armed or statistics().pending:
+                await anyio.sleep(0.001)
+        after = statistics()
+        assert (after.armed, after.chained, after.pending, after.parked) == (0, 0, 0, 0), after
+
+
+async def test_another_loop_waits_on_an_event_whose_abandoned_notification_fired(
+    sim: SimDriver, parked: None, anyio_backend: Any
+) -> None:
+    """This loop armed the event's point and gave up on it; its work completed and the host
+    function fired while this loop was not running (blocked here, in a call). Another loop's
+    wait takes the point over instead of raising BusyResourceError, and this loop, once it
+    collects the notification, leaves the point alone."""
+    import threading
+
+    name, options = anyio_backend
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        ev = s.record()
+        with anyio.move_on_after(0.02):
+            await ev.wait()
+        from aiocudasem._notifier import current_notifier
+
+        notifier = current_notifier()
+        assert statistics().armed == 1
+        gate.set()
+        deadline = time.monotonic() + 5
+        while not notifier._c.stats()["fired"]:  # the loop does not run meanwhile
+            assert time.monotonic() < deadline
+            time.sleep(0.001)  # noqa: ASYNC251 - keeps this loop from collecting it
+        errors: list[BaseException] = []
+
+        def other_loop() -> None:
+            try:
+                anyio.run(ev.wait, backend=name, backend_options=options)
+            except BaseException as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=other_loop)
+        t.start()
+        t.join(10)
+        assert not t.is_alive()
+        assert errors == []
+        with anyio.fail_after(2):
+            while statistics().armed or statistics().chained:
+                await anyio.sleep(0.001)
+        await ev.wait()  # done: at once
+        ev.close()

@@ -150,14 +150,14 @@ async def test_completions_and_faults_are_counted(sim: SimDriver, fault_watchdog
         gate = hold(s)
         ev = s.record()
         async with anyio.create_task_group() as tg:
-            for _ in range(3):  # three waiters of one point: one completion
+            for _ in range(3):  # three waiters of one point: three awaits that returned
                 tg.start_soon(ev.wait)
             await anyio.wait_all_tasks_blocked()
             gate.set()
         await s.record().wait()  # complete at the first query: one more
-    # ...and aclose() waits for the owned stream, idle again: four in all.
+    # ...and aclose() waits for the owned stream, idle again: six in all.
     after = statistics()
-    assert after.completed - before.completed == 4
+    assert after.completed - before.completed == 6
     assert after.faulted == before.faulted
     doomed = await fault_parked_waiters(sim, 1, 2)  # two waits, two points
     faulted = statistics()
@@ -165,3 +165,55 @@ async def test_completions_and_faults_are_counted(sim: SimDriver, fault_watchdog
     assert faulted.faults_seen == after.faults_seen + 1
     with pytest.raises(acs.DeviceFaultError):
         await doomed.aclose()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("spin", [False, True])
+async def test_completed_counts_each_await_that_returned(sim: SimDriver, spin: bool) -> None:
+    """One per coroutine whose await returned normally, whatever path it took (the C path
+    of finished work, a spin, a park, a shared point); none for a cancelled await."""
+    acs.configure(spin_limit=acs.Tuning().spin_limit if spin else 0)
+    try:
+        async with acs.open_stream(driver=sim) as s:
+            before = statistics().completed
+            await s.wait_complete()  # idle
+            await s.record().wait()  # finished at the first query
+            assert statistics().completed - before == 2
+
+            gate = hold(s)
+            ev = s.record()
+            before = statistics().completed
+            with anyio.fail_after(5):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(5):
+                        tg.start_soon(ev.wait)
+                    for _ in range(7):
+                        tg.start_soon(s.wait_complete)
+                    await anyio.wait_all_tasks_blocked()
+                    gate.set()
+            assert statistics().completed - before == 12
+
+            gate = hold(s)
+            before = statistics().completed
+            with anyio.fail_after(5):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(3):
+                        tg.start_soon(s.wait_complete)
+                    tg.start_soon(s.record().wait)
+                    await anyio.wait_all_tasks_blocked()
+                    tg.cancel_scope.cancel()
+            gate.set()
+            assert statistics().completed == before  # cancelled: none returned
+    finally:
+        acs.configure(spin_limit=acs.Tuning().spin_limit)
+
+
+@pytest.mark.anyio
+async def test_the_statistics_are_the_notifiers_own_report(sim: SimDriver, parked: None) -> None:
+    from aiocudasem._notifier import current_notifier
+
+    async with acs.open_stream(driver=sim) as s:
+        await s.wait_complete()
+        report = current_notifier().statistics()
+        assert set(report) == set(_PER_LOOP)
+        assert _per_loop(statistics()) == report

@@ -33,7 +33,7 @@ from .._hotpath import in_park_order
 from . import _tuning
 from ._points import History, Point
 from ._pools import event_pool, give_back, host_wait_streams, record_pooled
-from ._sleepers import crowd_waker, sleeper_factory, wake
+from ._sleepers import crowd_waker, fd_watcher, sleeper_factory, wake
 from ._wake import STRATEGIES as _STRATEGIES
 from ._watchdog import _watchdog
 
@@ -70,6 +70,9 @@ class Notifier:
         self._wake_crowd = crowd_waker(library, token)
         self._c = _notify.Notifier()
         self._fd = self._c.fileno()
+        # Watches the fd while no coroutine of the loop is parked and host functions are still
+        # armed (abandoned waits'), so that they are collected when they fire (see _sleepers).
+        self._fd_watcher = fd_watcher(library, token, self._fd, self._on_fd_readable)
         self._tokens = itertools.count(1)
         self._armed: dict[int, Point] = {}  # token -> the point its host function follows
         # Parked points per work stream. Only the oldest of each has a host function: streams
@@ -84,6 +87,13 @@ class Notifier:
         self._sleeping: dict[Point, int] = {}
         self._asleep = 0  # coroutines inside _park(), the drainer included
         self._park_order = itertools.count()  # each sleeper's place in the order of parking
+        # The sleepers of parked coroutines with their points, in the order in which they
+        # parked, some of them out of the running already (the sleeper done: woken or
+        # cancelled; or its point finished, its crowd about to be woken): where _hand_off()
+        # looks for an heir. Each leaves it once, from the front when _hand_off() passes it,
+        # or in a compaction once most of it is out, so that a crowd leaving at once costs
+        # each coroutine O(1), however many of the others were cancelled with it.
+        self._candidates: collections.deque[tuple[Sleeper, Point]] = collections.deque()
         # While _complete() runs: the sleepers of the points it finished, woken at its end,
         # in the order in which they parked (see _complete()).
         self._waking: list[dict[Sleeper, int]] | None = None
@@ -99,8 +109,8 @@ class Notifier:
         self._histories: dict[tuple[int, int], History] = {}  # (id(driver), stream) ->
         self._watched: dict[tuple[Driver, int], int] = {}  # devices of parked points -> count
         self._check = False  # set by the watchdog thread: a device parked on has faulted
-        self._wakeups = 0  # times a drainer woke from the fd
-        # Waits of this loop that found their work complete: those that C counts
+        self._wakeups = 0  # times the loop woke from the fd: its drainer, or the fd watcher
+        # Awaits of this loop that returned normally, one per coroutine: those that C counts
         # (``_hotpath.wait_complete``) and those that Python counts, in a plain int (an
         # attribute of the C counter costs Python three times as much to add to).
         self._tally = _hotpath.Tally()
@@ -124,6 +134,24 @@ class Notifier:
     @property
     def _completed(self) -> int:
         return self._tally.completed + self._completed_here
+
+    def statistics(self) -> dict[str, int]:
+        """This loop's counters, by the names of :class:`~aiocudasem.lowlevel.Statistics`'
+        per-loop fields, whose docstrings define them."""
+        c = self._c.stats()
+        return {
+            "pending": c["pending"],
+            "fired": c["fired"],
+            "wakeups": c["wakeups"],
+            "armed": len(self._armed),
+            "chained": sum(len(chain) for chain in self._chains.values()),
+            "parked": self._asleep,
+            "spinning": self._spinners,
+            "watched": len(self._watched),
+            "drainer_wakeups": self._wakeups,
+            "completed": self._completed,
+            "faulted": self._faulted,
+        }
 
     def may_spin(self) -> bool:
         """Whether one more coroutine may spin (query between checkpoints) now: fewer than
@@ -157,6 +185,8 @@ class Notifier:
             return
         self.closed = True
         self._serves_running_loop = _never  # drops the token: the finished loop is not kept
+        if self._fd_watcher is not None:
+            self._fd_watcher.stop()  # before the fd closes
         _live_notifiers.discard(self)
         for key in self._watched:
             _watchdog.remove(self, key)
@@ -172,6 +202,7 @@ class Notifier:
         self._armed.clear()
         self._chains.clear()
         self._heads.clear()
+        self._candidates.clear()
         try:
             for p in self._sleeping:  # a coroutine still parked (the loop is going away) sees
                 wake(p.sleepers)  # `closed`
@@ -260,6 +291,7 @@ class Notifier:
             self._leave(point)
         if point.error is not None:
             point._raise_if_failed()
+        self._completed_here += 1
 
     def shared_point(self, history: History, started: float) -> Point | None:
         """The stream's newest parked point, if a wait that began at ``started`` (and found
@@ -318,6 +350,7 @@ class Notifier:
             self._leave(point)
         if point.error is not None:
             point._raise_if_failed()
+        self._completed_here += 1
 
     async def _settle(self, point: Point) -> None:
         """The first query found ``point`` pending: spin, arm and park as needed."""
@@ -342,12 +375,9 @@ class Notifier:
 
     def _finish(self, point: Point, error: AiocudasemError | None) -> None:
         fault = None
-        if not point.done:
-            if error is None:
-                self._completed_here += 1
-            elif isinstance(error, DeviceFaultError):
-                self._faulted += 1
-                fault = error
+        if not point.done and isinstance(error, DeviceFaultError):
+            self._faulted += 1
+            fault = error
         if self._sleeping.pop(point, 0):
             self._unwatch(point)  # the accounts of all its sleepers, which need not come back
         sleepers = point._finish(error)
@@ -408,13 +438,21 @@ class Notifier:
 
     def _may_own(self, point: Point) -> bool:
         """Whether this loop may arm and park on ``point``: no other open loop's notifier
-        has it. One whose loop has ended loses it here."""
+        has it. One whose loop has ended loses it here, and so does one that nobody there
+        waits for any more whose host function has fired already (its loop has not collected
+        it yet: busy, or not running): the work is complete, and a query here sees it."""
         ref = point.owner
         if ref is None or ref is self._ref:
             return True
         owner = ref()
-        if owner is not None and not owner.closed:
+        if (
+            owner is not None
+            and not owner.closed
+            and not (point.waiting == 0 and point.token and owner._c.fired(point.token))
+        ):
             return False
+        # The other loop's records of it (its chain, its armed token) stay: when it collects
+        # the token it finds the point no longer its own and leaves it alone.
         point.owner = None
         point.token = 0
         return True
@@ -511,6 +549,7 @@ class Notifier:
             sleepers = point.sleepers
             sleepers[sleeper] = next(self._park_order)
             self._asleep += 1
+            self._candidate(sleeper, point)
             try:
                 while not point.done:
                     if self.closed:
@@ -525,6 +564,7 @@ class Notifier:
                         del sleepers[sleeper]
                         sleeper = self._new_sleeper()
                         sleepers[sleeper] = next(self._park_order)
+                        self._candidate(sleeper, point)
                     else:
                         await sleeper
                         if self._heir is sleeper:
@@ -560,16 +600,23 @@ class Notifier:
                         self._collect()
                     if not self._draining:
                         self._hand_off()  # then hand the role on
+                        if self._heir is None and self._armed:
+                            # Nobody is left to take it: watch the fd until what is armed
+                            # (abandoned waits' host functions) has fired and been collected.
+                            self._start_fd_watch()
         finally:
             if joined:
                 self._leave(point)
-        if joined and point.error is not None:
-            point._raise_if_failed()
+        if joined:
+            if point.error is not None:
+                point._raise_if_failed()
+            self._completed_here += 1
 
     async def _drain(self, point: Point) -> None:
         """Be the drainer until ``point`` is done: sleep on the fd, deliver completions."""
         self._draining = True
         self._drain_point = point
+        self._stop_fd_watch()  # the fd is the drainer's now
         try:
             while not point.done and not self.closed:
                 with anyio.CancelScope() as scope:
@@ -601,12 +648,43 @@ class Notifier:
         that has not run yet: a crowd leaving at once wakes one heir, not one each."""
         if self._heir is not None:
             return
-        for point in self._sleeping:
-            for s in point.sleepers:
-                if not s.done():  # not woken already, nor cancelled
-                    s.set_result(None)
-                    self._heir = s
-                    return
+        candidates = self._candidates
+        while candidates:
+            s, point = candidates.popleft()
+            # Not woken already, nor cancelled, and not in a finished crowd, whose wake-up
+            # may still be on its way (see _complete()).
+            if not s.done() and not point.done:
+                s.set_result(None)
+                self._heir = s
+                return
+
+    def _candidate(self, sleeper: Sleeper, point: Point) -> None:
+        """``sleeper``'s coroutine parks on ``point``: it may be handed the drainer role."""
+        candidates = self._candidates
+        candidates.append((sleeper, point))
+        if len(candidates) > 2 * self._asleep + 64:
+            # Mostly out of the running (a crowd woken while the drainer stays): drop those, in
+            # O(len) once per as many parks, so that it stays within twice the parked.
+            self._candidates = collections.deque(
+                c for c in candidates if not c[0].done() and not c[1].done
+            )
+
+    def _start_fd_watch(self) -> None:
+        if self._fd_watcher is not None:
+            self._fd_watcher.start()
+
+    def _stop_fd_watch(self) -> None:
+        if self._fd_watcher is not None:
+            self._fd_watcher.stop()
+
+    def _on_fd_readable(self) -> bool:
+        """The fd watcher saw the fd readable: collect what fired. Returns whether to keep
+        watching: while host functions are armed and no drainer has the fd."""
+        if self.closed:
+            return False
+        self._wakeups += 1
+        self._collect()
+        return bool(self._armed) and not self._draining
 
     def _complete(self, tokens: list[int]) -> None:
         """Finish the points whose host functions fired, and those behind them in their
@@ -618,12 +696,13 @@ class Notifier:
             for token in tokens:
                 point = armed.pop(token, None)
                 if point is not None:
-                    point.token = 0
                     key = (point.driver, point.stream)
                     if self._heads.get(key) is point:
                         del self._heads[key]
-                    if not point.done:
-                        self._succeed(point)
+                    if point.token == token:  # not taken over by another loop (_may_own)
+                        point.token = 0
+                        if not point.done:
+                            self._succeed(point)
                     self._advance(key)
         finally:
             self._waking = None

@@ -22,10 +22,20 @@ turn, done after it. Elsewhere each sleeper is woken in turn.
 Both are cancellable as the loop's own primitives are: a cancelled asyncio task cancels the
 future it awaits (which is then done), and a cancelled trio task is aborted (and its sleeper
 marked done), so that nobody hands a role to a coroutine that is leaving.
+
+While no coroutine of a loop is parked, nobody waits on its fd, yet host functions of abandoned
+waits may still be armed. :func:`fd_watcher` gives the loop a cheap watcher of the fd for that
+time, so that their notifications are collected when they fire, whether or not the loop parks
+again: on asyncio (and uvloop) a reader of the loop (``add_reader``), on trio a system task that
+waits for the fd. It is started when the last parked coroutine leaves with host functions still
+armed, and stopped, synchronously, before a drainer waits on the fd (one waiter per fd at a
+time: asyncio's ``add_reader`` would replace the drainer's reader, trio refuses a second one)
+and when the notifier closes.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Generator, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -34,7 +44,7 @@ from .._hotpath import wake_in_turn
 if TYPE_CHECKING:
     from anyio.abc import AsyncBackend
 
-__all__ = ("Sleeper", "crowd_waker", "sleeper_factory", "wake")
+__all__ = ("FdWatcher", "Sleeper", "crowd_waker", "fd_watcher", "sleeper_factory", "wake")
 
 
 class Sleeper(Protocol):
@@ -132,6 +142,112 @@ def _trio_sleeper() -> Callable[[], Sleeper]:
 def _no_wait() -> Generator[Any, Any, Any]:
     return
     yield  # a generator that ends at once
+
+
+class FdWatcher(Protocol):
+    """Calls ``on_readable()`` on the loop whenever the fd is readable, between :meth:`start`
+    and :meth:`stop` (both idempotent), or until ``on_readable()`` returns False."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def fd_watcher(
+    library: str | None, token: object, fd: int, on_readable: Callable[[], bool]
+) -> FdWatcher | None:
+    """A watcher of ``fd`` for the loop of ``token``, or None where the loop offers none (any
+    other anyio backend, or an asyncio loop without ``add_reader``): there, a notification of
+    an abandoned wait is collected when the loop next parks."""
+    if library == "asyncio":
+        if not callable(getattr(token, "add_reader", None)):
+            return None
+        return _ReaderWatcher(token, fd, on_readable)
+    if library == "trio":
+        return _SystemTaskWatcher(fd, on_readable)
+    return None
+
+
+class _ReaderWatcher:
+    """asyncio and uvloop: a reader of the loop, level-triggered, as long as it is wanted."""
+
+    __slots__ = ("_fd", "_loop", "_on", "_on_readable")
+
+    def __init__(self, loop: Any, fd: int, on_readable: Callable[[], bool]) -> None:
+        self._loop = loop
+        self._fd = fd
+        self._on_readable = on_readable
+        self._on = False
+
+    def start(self) -> None:
+        if not self._on:
+            try:
+                self._loop.add_reader(self._fd, self._ready)
+            except (NotImplementedError, RuntimeError):  # no readers here, or a closed loop
+                return
+            self._on = True
+
+    def stop(self) -> None:
+        if self._on:
+            self._on = False
+            try:
+                self._loop.remove_reader(self._fd)
+            except (RuntimeError, ValueError, OSError):  # the loop is closed already
+                pass
+
+    def _ready(self) -> None:
+        if not self._on_readable():
+            self.stop()
+
+
+class _SystemTaskWatcher:
+    """trio: a system task that waits for the fd, in a cancel scope of its own. Cancelling
+    the scope aborts its wait at once, so the fd is free for a drainer as soon as
+    :meth:`stop` returns; at the end of the run trio cancels it with its other system tasks."""
+
+    __slots__ = ("_fd", "_on_readable", "_scope")
+
+    def __init__(self, fd: int, on_readable: Callable[[], bool]) -> None:
+        self._fd = fd
+        self._on_readable = on_readable
+        self._scope: Any = None
+
+    def start(self) -> None:
+        if self._scope is None:
+            import trio
+
+            self._scope = scope = trio.CancelScope()
+            trio.lowlevel.spawn_system_task(self._run, scope, name="aiocudasem fd watcher")
+
+    def stop(self) -> None:
+        scope = self._scope
+        if scope is not None:
+            self._scope = None
+            scope.cancel()
+
+    async def _run(self, scope: Any) -> None:
+        import trio
+
+        with scope:
+            while True:
+                # Stopped before it first ran: a drainer may wait on the fd already, and trio
+                # would refuse this wait (an error that ends the whole run, from a system task).
+                await trio.lowlevel.checkpoint_if_cancelled()
+                try:
+                    await trio.lowlevel.wait_readable(self._fd)
+                except trio.BusyResourceError:  # a drainer has the fd: it collects
+                    break
+                try:
+                    keep = self._on_readable()
+                except Exception:
+                    # An exception would end the whole run (a system task's): report it as
+                    # asyncio reports a reader's, and stop watching.
+                    logging.getLogger("aiocudasem").exception("the notifier's fd watcher failed")
+                    keep = False
+                if not keep:
+                    break
+        if self._scope is scope:
+            self._scope = None
 
 
 class _EventSleeper:

@@ -23,16 +23,21 @@ class Statistics:
     process-wide.
     """
 
-    #: Host functions armed in this loop that have not returned yet, abandoned waits included
-    #: (a host function behind work that never completes stays pending).
+    #: Host functions that this loop's notifier armed and that have not returned yet,
+    #: abandoned waits' included (one behind work that never completes stays pending).
     pending: int = 0
-    #: Host functions that have run for this loop.
+    #: Host functions armed by this loop that have returned (run), collected or not.
     fired: int = 0
-    #: Writes to this loop's fd by host functions: a burst of completions costs one.
+    #: Writes to this loop's fd by its host functions: a burst of completions that arrives
+    #: before the loop reads the fd costs one.
     wakeups: int = 0
-    #: Points with a host function outstanding (at most one per work stream).
+    #: Points whose host function this loop armed and whose completion it has not collected
+    #: yet (at most one per work stream). An abandoned wait's point counts until the loop
+    #: collects its host function's notification, which it does once the GPU gets past it,
+    #: whether or not a coroutine of the loop parks again.
     armed: int = 0
-    #: Parked points, grouped per work stream into chains, armed ones included.
+    #: Points of this loop parked in a chain (one chain per work stream), the armed ones
+    #: included, until they are finished or nobody waits on an unarmed one any more.
     chained: int = 0
     #: Coroutines asleep on a point (the drainer included).
     parked: int = 0
@@ -41,12 +46,17 @@ class Statistics:
     #: Devices (per driver) that coroutines of this loop are parked on, which the watchdog
     #: watches for this loop.
     watched: int = 0
-    #: Times this loop's drainer woke from its fd.
+    #: Times this loop found its fd readable and read it: its drainer, or the watcher of the
+    #: fd that collects abandoned waits' notifications while no coroutine is parked.
     drainer_wakeups: int = 0
-    #: Waits of this loop that saw their work complete, an await of an idle stream included (a
-    #: point awaited by several coroutines counts once).
+    #: Awaits of this loop on GPU work (``Stream.wait_complete()``, ``Event.wait()``, the
+    #: semaphore and host-timeline waits, ``wait_event()``, ...) that returned normally, one
+    #: per coroutine, whatever path each took (the first query, a spin, a park, a point
+    #: shared with others). A cancelled or failed await does not count.
     completed: int = 0
-    #: Points of this loop that a device fault ended with :class:`DeviceFaultError`.
+    #: Points of this loop that a device fault ended with :class:`DeviceFaultError`, one per
+    #: point however many coroutines waited on it (a wait whose first query reports the fault
+    #: has no point and is not counted).
     faulted: int = 0
     #: Open notifiers in the process: one per event loop that has waited and not ended.
     notifiers: int = 0
@@ -77,18 +87,4 @@ def statistics() -> Statistics:
     n = running_notifier()
     if n is None:
         return Statistics(**process)
-    c = n._c.stats()
-    return Statistics(
-        pending=c["pending"],
-        fired=c["fired"],
-        wakeups=c["wakeups"],
-        armed=len(n._armed),
-        chained=sum(len(chain) for chain in n._chains.values()),
-        parked=n._asleep,
-        spinning=n._spinners,
-        watched=len(n._watched),
-        drainer_wakeups=n._wakeups,
-        completed=n._completed,
-        faulted=n._faulted,
-        **process,
-    )
+    return Statistics(**n.statistics(), **process)
