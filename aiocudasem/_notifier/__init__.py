@@ -10,7 +10,9 @@ A *point* is an event recorded on a work stream. Awaiting it goes through up to 
    The host function appends a token to the C queue and wakes the loop's one fd. One of the
    parked coroutines, the *drainer*, waits on the fd and wakes the others; when it leaves (done
    or cancelled) it first delivers whatever is queued, then hands the role to another. A
-   cancelled drainer therefore loses nobody's wake-up.
+   cancelled drainer therefore loses nobody's wake-up. When the last parked coroutine leaves
+   with host functions still armed (abandoned waits'), a watcher of the fd collects them as
+   they fire, so that their points are released whether or not the loop parks again.
 
 A parked loop is woken by a completion or by a device fault, never by a timer. CUDA never calls
 a host function after a context error, so a *watchdog thread* per device that coroutines are
