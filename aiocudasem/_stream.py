@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import inspect
 import time
 import warnings
 from functools import partial
@@ -38,6 +37,7 @@ from ._notifier import (
     record_pooled,
     side_streams,
 )
+from ._private import mark_coroutine_function
 from ._semaphore import (
     _E,
     Signal,
@@ -476,12 +476,7 @@ class Stream(OnDevice):
 
 
 # It returns a coroutine, as an async def does, and says so to those that ask the function.
-if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12: inspect and asyncio both
-    inspect.markcoroutinefunction(Stream.wait_complete)
-else:  # Python 3.11: asyncio.iscoroutinefunction() (and unittest.mock) read this marker
-    import asyncio.coroutines
-
-    Stream.wait_complete._is_coroutine = asyncio.coroutines._is_coroutine  # type: ignore[attr-defined]
+mark_coroutine_function(Stream.wait_complete)
 
 
 def _stream_handle(obj: object) -> int:

@@ -959,7 +959,7 @@ def test_wait_complete_keeps_reference_counts_and_is_collected_in_a_cycle() -> N
 
 
 def test_a_trio_check_on_the_run_context_holds_only_in_its_own_run() -> None:
-    from aiocudasem._notifier._loop import _trio_run_context
+    from aiocudasem._private import trio_run_context as _trio_run_context
 
     def check_of_this_run() -> _hotpath.LoopCheck:
         token = trio.lowlevel.current_trio_token()
@@ -1024,7 +1024,8 @@ async def test_the_notifier_of_a_trio_run_checks_the_run_context(anyio_backend_n
     is exercised by every trio test); it still says no in a worker thread."""
     if anyio_backend_name != "trio":
         pytest.skip("trio's run context")
-    from aiocudasem._notifier._loop import _trio_run_context, current_notifier
+    from aiocudasem._notifier._loop import current_notifier
+    from aiocudasem._private import trio_run_context as _trio_run_context
 
     assert _trio_run_context(trio.lowlevel.current_trio_token()) is not None
     check = current_notifier()._serves_running_loop

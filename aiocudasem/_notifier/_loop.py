@@ -4,7 +4,6 @@ closes a notifier when its loop ends."""
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import itertools
 import os
@@ -17,11 +16,6 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 
-# anyio's lookup of the running backend (sniffio). Each call costs about 0.5 us, and every
-# anyio.lowlevel.checkpoint() or anyio.Event() makes one: a notifier looks its backend up once
-# and calls it directly (the public anyio.abc.AsyncBackend interface).
-from anyio._core._eventloop import get_async_backend
-
 try:  # trio needs it; asyncio alone does not (anyio then assumes asyncio, as here)
     import sniffio
 except ImportError:  # pragma: no cover - the test environment has trio, hence sniffio
@@ -30,6 +24,7 @@ except ImportError:  # pragma: no cover - the test environment has trio, hence s
 from .. import _hotpath, _log, _notify, _release
 from .._errors import AiocudasemError, DeviceFaultError
 from .._hotpath import in_park_order
+from .._private import ready_queue_of, running_loop_getter, trio_run_context
 from . import _tuning
 from ._points import History, Point
 from ._pools import event_pool, give_back, host_wait_streams, record_pooled
@@ -63,7 +58,7 @@ class Notifier:
         #: asyncio's queue of ready callbacks, where the loop has one to read (not uvloop): a
         #: spin on asyncio queries again without yielding while it is empty (see
         #: ``_hotpath.spin_recorded``).
-        self.ready_queue = _ready_queue_of(token) if self._bare_yield else None
+        self.ready_queue = ready_queue_of(token) if self._bare_yield else None
         #: Makes the sleeper of one parked coroutine, native to the loop (see _sleepers).
         self._new_sleeper = sleeper_factory(library, backend, token)
         #: Wakes the sleepers of a list, in order, skipping those done (see _sleepers).
@@ -841,8 +836,11 @@ def _find_notifier() -> Notifier:
     n = _here.notifier
     if n is not None and n._serves_running_loop():
         return n
-    backend = get_async_backend()
-    token = backend.current_token()
+    # anyio finds the running backend with sniffio on every call (about 0.5 us, and every
+    # anyio.lowlevel.checkpoint() or anyio.Event() makes one): a notifier looks its backend up
+    # once and calls it directly (the public anyio.abc.AsyncBackend interface).
+    found = anyio.lowlevel.current_token()
+    backend, token = found.backend_class, found.native_token
     try:
         n = _NOTIFIER.get()
         if n.closed:
@@ -896,7 +894,7 @@ def _running_check(library: str | None, token: object) -> Callable[[], bool]:
     asyncio or nothing (anyio.run sets it); anything else fails the test, and current_notifier()
     then asks anyio. The test runs on every await: it is C (``_hotpath.LoopCheck``)."""
     if library == "asyncio":
-        get_loop = asyncio.events._get_running_loop
+        get_loop = running_loop_getter()
         if sniffio is None:
             return _hotpath.LoopCheck("asyncio", token, get_loop, None, None)
         local, cvar = sniffio.thread_local, sniffio.current_async_library_cvar
@@ -905,37 +903,12 @@ def _running_check(library: str | None, token: object) -> Callable[[], bool]:
         import trio
 
         local, probe = sniffio.thread_local, trio.lowlevel.current_trio_token
-        known = _trio_run_context(token)
+        known = trio_run_context(token)
         if known is None:
             return _hotpath.LoopCheck("trio", token, probe, local, None)
         context, runner = known
         return _hotpath.LoopCheck("trio", token, probe, local, None, context=context, runner=runner)
     return _never
-
-
-def _trio_run_context(token: object) -> tuple[threading.local, object] | None:
-    """trio's thread-local run context and the Runner of the run that ``token`` belongs to, if
-    trio keeps them as the versions tested here do; else None, and the loop test calls
-    ``current_trio_token()``. That function returns the token of ``GLOBAL_RUN_CONTEXT.runner``,
-    one token per Runner, and raises where the context holds no runner: the test reads the
-    context's ``runner`` in this thread instead (0.3 us less per await). Called in the run:
-    the context must be a thread-local whose runner gives this very token."""
-    try:
-        from trio._core._run import GLOBAL_RUN_CONTEXT as context
-
-        runner = context.__dict__["runner"]
-        if isinstance(context, threading.local) and runner.current_trio_token() is token:
-            return context, runner
-    except Exception:  # another trio: its own test, the public one
-        pass
-    return None
-
-
-def _ready_queue_of(loop: object) -> collections.deque[Any] | None:
-    """The ready callbacks of an asyncio loop of the standard library's kind
-    (``BaseEventLoop._ready``, the queue that each pass of the loop runs), or None."""
-    ready = getattr(loop, "_ready", None)
-    return ready if type(ready) is collections.deque else None
 
 
 def _checkpoint_of(
