@@ -11,8 +11,12 @@
 #     asyncio, asyncio+uvloop and trio, once, against that installed package: pytest runs in a
 #     copy of the unpacked sdist whose aiocudasem/ keeps only data files, so `import aiocudasem`
 #     can only find the wheel (checked before the suite starts).
-# Arguments go to pytest; test paths are relative to the repository root, as usual. No system
-# package is installed. The GPU suite is `bash scripts/device.sh` on a GPU machine.
+#  5. Build the C extensions with AddressSanitizer and UndefinedBehaviorSanitizer in a copy of
+#     the tree and run the tests that exercise them against that build
+#     (scripts/sanitize.sh, about 2 minutes on 2 cores): any sanitizer report fails.
+#     AIOCUDASEM_SKIP_SANITIZE=1 skips this step.
+# Arguments go to pytest in step 4; test paths are relative to the repository root, as usual.
+# No system package is installed. The GPU suite is `bash scripts/device.sh` on a GPU machine.
 . "$(dirname "$0")/_env.sh"
 # -qq: setuptools prints an information-only notice on every editable install of this layout;
 # step 3 checks the same configuration for deprecation notices.
@@ -89,3 +93,8 @@ esac
 echo "== pytest (CPU suite, against the installed wheel; async tests on asyncio, asyncio+uvloop and trio)"
 cd "$src"
 "$root/.venv-wheel/bin/python" -m pytest -m "not gpu" "$@"
+
+if [ -z "${AIOCUDASEM_SKIP_SANITIZE:-}" ]; then
+  echo "== the C extensions under ASan and UBSan (AIOCUDASEM_SKIP_SANITIZE=1 skips this)"
+  bash "$root/scripts/sanitize.sh" -q
+fi
