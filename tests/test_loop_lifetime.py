@@ -74,9 +74,12 @@ def test_a_loop_ending_with_an_armed_cancelled_wait_leaks_neither_fd_nor_event(
         s = acs.open_stream(driver=sim)
         streams.append(s)
         gates.append(hold(s))
-        with anyio.move_on_after(0.005) as scope:
-            await s.wait_complete()  # parked, its host function armed, then abandoned
-        assert scope.cancelled_caught
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.wait_complete)
+            with anyio.fail_after(5):
+                while statistics().pending == 0:  # parked, its host function armed
+                    await anyio.sleep(0.001)
+            tg.cancel_scope.cancel()  # then abandoned
         assert statistics().pending == 1
 
     anyio.run(one_loop, backend=backend, backend_options=options)
