@@ -185,8 +185,7 @@ async def test_many_cancelled_waits_are_cheap_and_leave_nothing_behind(
         # have nothing left to run.
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and (
-            threading.active_count() > threads
-            or statistics().side_streams > before.side_streams
+            threading.active_count() > threads or statistics().side_streams > before.side_streams
         ):
             await anyio.sleep(0.02)
             await complete_one(p)
