@@ -21,7 +21,7 @@ from ._checks import check_device, check_open_fd, check_ordinal, check_uint, res
 from ._driver import Driver, SemaphoreDesc, SemOp
 from ._errors import AiocudasemError, CudaError, UnsupportedHandleTypeError
 from ._handles import HandleInfo, HandleType, info
-from ._notifier import host_wait_streams, wait_private_stream
+from ._notifier import host_wait_streams, reserve_host_wait_stream, wait_private_stream
 from ._timeline import LIMIT, HostTimeline
 
 if TYPE_CHECKING:
@@ -360,7 +360,7 @@ def import_semaphore(
     finally:
         del name_buf  # the driver copies the name during the call
     imported = ExternalSemaphore._create(drv, device, sem, kind)
-    host_wait_streams.reserve(drv, device)  # for its first host-side wait
+    reserve_host_wait_stream(drv, device)  # for its first host-side wait
     return imported
 
 

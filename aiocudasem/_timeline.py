@@ -31,7 +31,7 @@ from . import _hostword, _release
 from ._abandon import Abandonable
 from ._checks import check_open_fd, check_uint, resolve_device
 from ._errors import AiocudasemError, DeviceFaultError, DriverUnavailableError
-from ._notifier import host_wait_streams, wait_private_stream
+from ._notifier import reserve_host_wait_stream, wait_private_stream
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -421,7 +421,7 @@ def create_host_timeline(
     except BaseException:
         os.close(fd)
         raise
-    host_wait_streams.reserve(drv, ordinal)  # for its first host-side wait
+    reserve_host_wait_stream(drv, ordinal)  # for its first host-side wait
     return timeline
 
 
@@ -441,5 +441,5 @@ def open_host_timeline(
     _check_fd(fd)
     drv, ordinal = resolve_device(device, driver)
     timeline = HostTimeline._create(drv, ordinal, fd)
-    host_wait_streams.reserve(drv, ordinal)  # for its first host-side wait
+    reserve_host_wait_stream(drv, ordinal)  # for its first host-side wait
     return timeline

@@ -38,7 +38,7 @@ from ._points import History, Point
 from ._pools import destroy_stream, event_pool, host_wait_streams, record_pooled, side_streams
 from ._statistics import Statistics, statistics
 from ._tuning import Tuning, configure
-from ._wake import prepare_new_stream, prepare_stream
+from ._wake import prepare_new_stream, prepare_stream, reserve_host_wait_stream
 
 __all__ = (
     "History",
@@ -54,6 +54,7 @@ __all__ = (
     "prepare_new_stream",
     "prepare_stream",
     "record_pooled",
+    "reserve_host_wait_stream",
     "side_streams",
     "statistics",
     "wait_private_stream",

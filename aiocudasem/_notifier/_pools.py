@@ -412,16 +412,24 @@ class _HostWaitStreams:
         with self._lock:
             return sum(len(b.streams) for b in self._blocked.get(driver, {}).values())
 
-    def reserve(self, driver: Driver, device: int) -> None:
+    def reserve(
+        self,
+        driver: Driver,
+        device: int,
+        prepare: Callable[[Driver, int, int], None],
+        prepare_new: Callable[[Driver, int, int], None],
+    ) -> None:
         """Add one private stream to ``device``'s free ones, with what the wake strategy needs
         for it (its side stream), unless :data:`_KEEP` are free already. Called when a
         semaphore or a host timeline is made, a synchronous call, so that host-side waits,
         one at a time on each of up to that many semaphores, never create a stream in the
         middle of an await, when creating one could block (see ``_SideStreams.ensure``).
         The free ones get their side streams back if an eviction took them. Best effort: a
-        failure here is left to the wait itself."""
-        from ._wake import prepare_new_stream, prepare_stream  # _wake imports this module
+        failure here is left to the wait itself.
 
+        ``prepare`` and ``prepare_new`` are the wake strategy's ``_wake.prepare_stream`` and
+        ``_wake.prepare_new_stream``, which ``_wake.reserve_host_wait_stream`` passes: this
+        module comes before ``_wake`` and does not import it."""
         self.sweep(driver, device)
         with self._lock:
             free = self._free.setdefault(driver, {}).setdefault(device, [])
@@ -432,7 +440,7 @@ class _HostWaitStreams:
                 except ValueError:
                     continue  # taken by another thread's wait
             try:
-                prepare_stream(driver, device, stream)
+                prepare(driver, device, stream)
             except AiocudasemError:
                 pass
             self._give_quietly(driver, device, stream)
@@ -443,7 +451,7 @@ class _HostWaitStreams:
         except AiocudasemError:
             return
         try:
-            prepare_new_stream(driver, device, stream)  # destroyed if that fails
+            prepare_new(driver, device, stream)  # destroyed if that fails
         except AiocudasemError:
             return
         self._give_quietly(driver, device, stream)

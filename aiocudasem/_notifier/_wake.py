@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 from .. import _notify, _release
 from . import _tuning
-from ._pools import side_streams
+from ._pools import host_wait_streams, side_streams
 
 if TYPE_CHECKING:
     from .._driver import Driver
@@ -39,6 +39,7 @@ __all__ = (
     "WorkStreamHostFn",
     "prepare_new_stream",
     "prepare_stream",
+    "reserve_host_wait_stream",
 )
 
 
@@ -118,6 +119,13 @@ def prepare_new_stream(driver: Driver, device: int, stream: int) -> None:
             functools.partial(driver.stream_destroy, stream), "a stream without its side stream"
         )
         raise
+
+
+def reserve_host_wait_stream(driver: Driver, device: int) -> None:
+    """``host_wait_streams.reserve()`` with what the wake strategy in force makes for a
+    stream: one private stream for a host-side wait on ``device``, ready before the wait
+    needs it (see ``_pools._HostWaitStreams.reserve``). Best effort."""
+    host_wait_streams.reserve(driver, device, prepare_stream, prepare_new_stream)
 
 
 #: The strategies by the name ``configure(wake=...)`` takes, one per ``_tuning._WAKE_CHOICES``.
