@@ -128,7 +128,8 @@ def test_bench_pairs_throughput_rounds_and_gives_ratios_to_polling(tmp_path: Pat
 def test_the_paired_table_puts_each_approach_in_its_own_column_on_every_loop() -> None:
     """A loop that could not measure an approach gets n/a in its column, not the next
     approach's figures; a round where polling counted nothing has no ratio."""
-    from aiocudasem.cli.bench._report import paired_ratios, paired_table
+    from aiocudasem.cli.bench._common import paired_ratios
+    from aiocudasem.cli.bench._report import paired_table
 
     paired = {
         "asyncio": {"1": {"poll0": [10.0, 20.0], "aiocudasem": [10.0, 30.0]}},

@@ -34,13 +34,12 @@ from .._common import (
     open_driver,
 )
 from ._approaches import ALL
-from ._common import say
+from ._common import paired_ratios, say
 from ._measure import TRIO_APPROACHES, Bench, run_asyncio, run_trio
 from ._report import (
     commit,
     gpu_info,
     markdown,
-    paired_ratios,
     plot,
     rounds_text,
     summarize,

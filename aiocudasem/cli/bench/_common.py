@@ -1,8 +1,10 @@
-"""Shared by the benchmark modules: units, progress lines, percentiles."""
+"""Shared by the benchmark modules: units, progress lines, percentiles, and a figure over
+several runs (median [min-max])."""
 
 from __future__ import annotations
 
 import os
+import statistics
 
 US = 1e-6
 KERNEL_NS = 100_000  # the 100 us kernel of the latency benchmark
@@ -32,3 +34,28 @@ def say(msg: str) -> None:
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
+
+
+def over_runs(values: list[float]) -> dict[str, float]:
+    """One figure of several runs: its median, lowest and highest, and how many runs."""
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "runs": len(values),
+    }
+
+
+def spread(fig: dict[str, float] | None, spec: str = ".0f") -> str:
+    """``median [min-max]``, or ``n/a``."""
+    if not fig:
+        return "n/a"
+    med, lo, hi = (format(fig[k], spec) for k in ("median", "min", "max"))
+    return med if fig["runs"] == 1 else f"{med} [{lo}-{hi}]"
+
+
+def paired_ratios(runs: dict[str, list[float]], name: str) -> dict[str, float] | None:
+    """``name``'s awaits/s over busy polling's, round by round: median, min, max, runs. Rounds
+    where polling counted nothing are left out; None if that leaves none."""
+    ratios = [a / p for a, p in zip(runs[name], runs["poll0"], strict=True) if p > 0]
+    return over_runs(ratios) if ratios else None

@@ -20,7 +20,7 @@ from aiocudasem.lowlevel import configure
 from aiocudasem.testing import workloads
 
 from ._approaches import Aiocudasem, Approach, BlockingSync, CheckpointFloor
-from ._common import KERNEL_NS, US, pct, say, thread_cpu
+from ._common import KERNEL_NS, US, paired_ratios, pct, say, spread, thread_cpu
 
 #: How long each throughput figure counts awaits, per round: some 30,000 awaits on an H200; the
 #: rounds give the spread.
@@ -407,8 +407,6 @@ async def paired_throughput(b: Bench, loop: str, approaches: list[Approach], rou
                 finally:
                     ap.teardown()
         out[str(n)] = runs
-        from ._report import paired_ratios, spread  # _report imports this module
-
         for name in runs:
             ratio = paired_ratios(runs, name) if name != "poll0" else None
             if ratio is not None:

@@ -12,8 +12,9 @@ from typing import Any
 
 import aiocudasem as acs
 
-from ._common import pct
+from ._common import over_runs, paired_ratios, pct, spread
 from ._measure import PAIRED_APPROACHES, PARKED_KERNEL_NS
+from ._signal import summarize_signal
 
 PARKED_S = PARKED_KERNEL_NS / 1e9
 
@@ -136,24 +137,6 @@ def summarize(entry: dict[str, Any]) -> dict[str, dict[str, float]]:
         if values:
             out[name] = over_runs(values)
     return out
-
-
-def over_runs(values: list[float]) -> dict[str, float]:
-    """One figure of several runs: its median, lowest and highest, and how many runs."""
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "runs": len(values),
-    }
-
-
-def spread(fig: dict[str, float] | None, spec: str = ".0f") -> str:
-    """``median [min-max]``, or ``n/a``."""
-    if not fig:
-        return "n/a"
-    med, lo, hi = (format(fig[k], spec) for k in ("median", "min", "max"))
-    return med if fig["runs"] == 1 else f"{med} [{lo}-{hi}]"
 
 
 def _header(meta: dict[str, Any]) -> list[str]:
@@ -327,13 +310,6 @@ def _trio_table(trio: dict[str, Any]) -> list[str]:
     return lines
 
 
-def paired_ratios(runs: dict[str, list[float]], name: str) -> dict[str, float] | None:
-    """``name``'s awaits/s over busy polling's, round by round: median, min, max, runs. Rounds
-    where polling counted nothing are left out; None if that leaves none."""
-    ratios = [a / p for a, p in zip(runs[name], runs["poll0"], strict=True) if p > 0]
-    return over_runs(ratios) if ratios else None
-
-
 def paired_table(paired: dict[str, Any], results: dict[str, Any]) -> list[str]:
     """The paired throughput rounds: awaits/s of each approach, and its ratio to busy polling
     within each round. One column per approach measured on any loop, in the benchmark's order;
@@ -381,8 +357,6 @@ def rounds_text(n: int) -> str:
 
 
 def _signal_table(signal: dict[str, Any]) -> list[str]:
-    from ._signal import summarize_signal
-
     lines = [
         "",
         "## Host signal to stream resume",

@@ -20,8 +20,7 @@ from typing import Any, Final
 
 import aiocudasem as acs
 
-from ._common import pct, say
-from ._report import over_runs
+from ._common import over_runs, pct, say
 
 #: How long the stream is given to reach its wait and block there before each signal.
 SETTLE_S: Final = 0.0003
