@@ -8,6 +8,8 @@ from ._dlpack import ready as ready
 from ._driver import DRIVER_ENV as DRIVER_ENV
 from ._driver import Driver as Driver
 from ._driver import get_driver as get_driver
+from ._entries import Signal as Signal
+from ._entries import Wait as Wait
 from ._errors import AbandonedError as AbandonedError
 from ._errors import AiocudasemError as AiocudasemError
 from ._errors import CudaError as CudaError
@@ -38,8 +40,6 @@ from ._processes import receive_semaphore as receive_semaphore
 from ._processes import send_host_timeline as send_host_timeline
 from ._processes import send_semaphore as send_semaphore
 from ._semaphore import ExternalSemaphore as ExternalSemaphore
-from ._semaphore import Signal as Signal
-from ._semaphore import Wait as Wait
 from ._semaphore import import_semaphore as import_semaphore
 from ._stream import Event as Event
 from ._stream import HandOff as HandOff

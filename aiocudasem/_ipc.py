@@ -18,10 +18,10 @@ import anyio.lowlevel
 
 from . import _release
 from ._checks import resolve_device, resolve_driver
+from ._entries import driver_label
 from ._errors import DeviceMismatchError
 from ._lifetime import OnDevice
 from ._notifier import wait_private_stream
-from ._semaphore import driver_label
 from ._stream import Stream, _destroy_event
 
 if TYPE_CHECKING:

@@ -15,6 +15,15 @@ import anyio.lowlevel
 from . import _log, _release
 from ._checks import check_device, check_ordinal, resolve_driver
 from ._driver import Driver
+from ._entries import (
+    _E,
+    Signal,
+    Wait,
+    check_same_device,
+    driver_label,
+    entry_list,
+    split_entries,
+)
 from ._errors import (
     AiocudasemError,
     CudaError,
@@ -38,15 +47,6 @@ from ._notifier import (
     side_streams,
 )
 from ._private import mark_coroutine_function
-from ._semaphore import (
-    _E,
-    Signal,
-    Wait,
-    check_same_device,
-    driver_label,
-    entry_list,
-    split_entries,
-)
 from ._timeline import enqueue_words
 
 if TYPE_CHECKING:
