@@ -20,7 +20,8 @@ from ._errors import UnsupportedFeatureError as UnsupportedFeatureError
 from ._errors import UnsupportedHandleTypeError as UnsupportedHandleTypeError
 from ._errors import VulkanError as VulkanError
 from ._errors import VulkanUnavailableError as VulkanUnavailableError
-from ._foreign import wait_event as wait_event
+from ._events import Event as Event
+from ._events import wait_event as wait_event
 from ._graphs import add_signal_node as add_signal_node
 from ._graphs import add_wait_node as add_wait_node
 from ._graphs import launch_graph as launch_graph
@@ -41,7 +42,6 @@ from ._processes import send_host_timeline as send_host_timeline
 from ._processes import send_semaphore as send_semaphore
 from ._semaphore import ExternalSemaphore as ExternalSemaphore
 from ._semaphore import import_semaphore as import_semaphore
-from ._stream import Event as Event
 from ._stream import HandOff as HandOff
 from ._stream import Stream as Stream
 from ._stream import open_stream as open_stream

@@ -20,9 +20,10 @@ from . import _release
 from ._checks import resolve_device, resolve_driver
 from ._entries import driver_label
 from ._errors import DeviceMismatchError
+from ._events import BaseEvent, _destroy_event
 from ._lifetime import OnDevice
 from ._notifier import wait_private_stream
-from ._stream import Stream, _destroy_event
+from ._stream import Stream
 
 if TYPE_CHECKING:
     from typing import Self
@@ -56,7 +57,7 @@ class IpcEventHandle:
                 raise ValueError(f"IpcEventHandle.{name} must have {size} bytes, not {len(value)}")
 
 
-class IpcEvent(OnDevice):
+class IpcEvent(BaseEvent, OnDevice):
     """A CUDA event shared between processes (``CU_EVENT_INTERPROCESS``): one process creates
     it with :func:`create_ipc_event` and exports it; others open it with
     :func:`open_ipc_event`. Either side may :meth:`record` it on a stream, make a stream wait
@@ -89,8 +90,9 @@ class IpcEvent(OnDevice):
         how = "opened" if self._opened else "created"
         return f"aiocudasem.IpcEvent {self._handle:#x} ({how}, device {self._device})"
 
-    def _release(self) -> None:
-        _destroy_event(self._driver, self._handle)
+    @property
+    def _event_driver(self) -> Driver:
+        return self._driver
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"handle={self._handle:#x}"

@@ -1,11 +1,10 @@
-"""Streams, events and hand-off sections."""
+"""Streams and hand-off sections (the events that a stream records are in ``_events``)."""
 
 from __future__ import annotations
 
 import collections
 import contextlib
 import time
-import warnings
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, NoReturn, overload
 
@@ -31,13 +30,13 @@ from ._errors import (
     DeviceMismatchError,
     UnsupportedFeatureError,
 )
+from ._events import BaseEvent, Event
 from ._hotpath import settle as _settle
 from ._hotpath import spin_recorded as _spin_recorded
 from ._hotpath import wait_complete as _wait_complete
-from ._lifetime import OnDevice, Owned
+from ._lifetime import OnDevice
 from ._notifier import (
     History,
-    Point,
     current_notifier,
     destroy_stream,
     event_pool,
@@ -197,16 +196,9 @@ class Stream(OnDevice):
     def enqueue_event_wait(self, event: Event | IpcEvent) -> None:
         """Make later work on this stream wait for ``event`` (on the GPU): an :class:`Event`,
         or an :class:`IpcEvent`'s most recent record, in whichever process. Non-blocking."""
-        if isinstance(event, Event):
-            owner = event._stream._driver
-        else:
-            from ._ipc import IpcEvent
-
-            if not isinstance(event, IpcEvent):
-                raise TypeError(
-                    f"expected an aiocudasem.Event or IpcEvent, not {type(event).__name__}"
-                )
-            owner = event._driver
+        if not isinstance(event, BaseEvent):
+            raise TypeError(f"expected an aiocudasem.Event or IpcEvent, not {type(event).__name__}")
+        owner = event._event_driver
         if owner is not self._driver:
             raise DeviceMismatchError(
                 f"the event belongs to {driver_label(owner, self._driver)}, "
@@ -523,81 +515,10 @@ def _check_handle(handle: int, what: str) -> int:
     return int(handle)
 
 
-class Event(Owned):
-    """A point in a stream: everything enqueued on it before :meth:`Stream.record`.
-
-    Several coroutines can wait for one event; they share one notification. Close it with
-    :meth:`close` (or ``async with``), or let it be collected: an event may be, without a
-    warning.
-    """
-
-    __slots__ = ("_point", "_stream")
-    _point: Point
-    _stream: Stream
-    _factory = "use Stream.record() to get an Event"
-    _noun = "event"
-    _warn_when_collected = False
-
-    @classmethod
-    def _create(cls, stream: Stream, handle: int) -> Self:
-        self = object.__new__(cls)
-        self._stream = stream
-        self._point = Point(
-            stream._driver, stream._device, stream._handle, handle, None, stream._history
-        )
-        # Collected events are released at the library's next use, not inside the collector.
-        self._own(handle, partial(_destroy_event, stream._driver, handle))
-        return self
-
-    def _release(self) -> None:
-        _destroy_event(self._stream._driver, self._handle)
-
-    def query(self) -> bool:
-        """True if the captured work has completed. Non-blocking."""
-        return self._stream._driver.event_query(self.handle)
-
-    async def wait(self) -> None:
-        """Wait until the captured work has completed. A checkpoint; cancelling abandons the
-        wait only. Raises :class:`DeviceFaultError` if the device faults meanwhile,
-        ``anyio.ClosedResourceError`` for a closed event, and ``anyio.BusyResourceError``
-        while another event loop, still running, waits for the event or holds its armed
-        notification: await an event from one event loop at a time."""
-        self.handle  # noqa: B018 - raises ClosedResourceError once closed
-        try:
-            await current_notifier().wait(self._point)
-        except CudaError as exc:
-            if exc.status != _CAPTURED_EVENT:
-                raise
-            raise exc._explained(
-                "the event was recorded on a stream that was capturing a CUDA graph, so it "
-                "marks a point in the graph, not work that will complete; record it outside "
-                "capture, or await aiocudasem.launch_graph() of the graph"
-            ) from None
-
-    def close(self) -> None:
-        """Destroy the event. Idempotent. Raises ``anyio.BusyResourceError`` while a coroutine
-        waits on it: close it once those waits are over. A driver failure becomes a
-        ``RuntimeWarning``; after a device fault it succeeds quietly."""
-        if self._point.waiting and not self._point.done:
-            raise anyio.BusyResourceError("waiting on")
-        super().close()
-
-
-def _destroy_event(driver: Driver, handle: int) -> None:
-    try:
-        driver.event_destroy(handle)
-    except DeviceFaultError:
-        pass  # the faulted context took the event with it
-    except AiocudasemError as exc:
-        _log.logger.warning("destroying an event failed: %s", exc)
-        warnings.warn(f"destroying an event failed: {exc}", RuntimeWarning, stacklevel=1)
-
-
 # cuStreamQuery on a capturing stream: refused (and the capture invalidated), or refused
 # because the capture was invalidated before.
 _CAPTURE_STATUSES: Final = frozenset({900, 901})
 _CAPTURE_UNSUPPORTED: Final = 900
-_CAPTURED_EVENT: Final = 907  # CUDA_ERROR_CAPTURED_EVENT: a query of an event recorded in capture
 _PER_THREAD_STREAM: Final = 2  # CU_STREAM_PER_THREAD
 
 

@@ -1,11 +1,22 @@
-"""Awaiting a CUDA event that another library owns: :func:`wait_event`.
+"""Events: points in GPU work that coroutines await.
 
-A foreign event has no stream that aiocudasem knows, so its point is keyed by a *foreign key*,
-a negative number made from the event's handle and device, where a stream's point is keyed by
-the stream's (non-negative) handle. The key gives the event a chain and a side stream of its
-own: waiters of one event share one host function, and waits on different events never queue
-behind each other. Its host function always goes on the side stream (see ``_notifier._loop``),
-whatever ``configure(wake=...)`` says, since there is no work stream to launch it on.
+- :class:`Event`: what :meth:`Stream.record` makes, an event of the library on one of its
+  streams, whose waits share the stream's wait history.
+- :func:`wait_event`: an event that another library owns (PyTorch, CuPy, cuda.core, a raw
+  ``CUevent``), awaited by its handle.
+- ``BaseEvent``: the base of :class:`Event` and :class:`~aiocudasem.IpcEvent`, the events
+  the library owns. A stream waits for either (``Stream.enqueue_event_wait``), and
+  :func:`wait_event` awaits either as itself. ``IpcEvent`` is in ``_ipc``, after ``_stream``:
+  its ``record()`` takes a ``Stream``, while ``Stream.record()`` makes an ``Event``, so this
+  module imports neither of those two at run time.
+
+**Foreign events.** A foreign event has no stream that aiocudasem knows, so its point is keyed
+by a *foreign key*, a negative number made from the event's handle and device, where a stream's
+point is keyed by the stream's (non-negative) handle. The key gives the event a chain and a
+side stream of its own: waiters of one event share one host function, and waits on different
+events never queue behind each other. Its host function always goes on the side stream (see
+``_notifier._loop``), whatever ``configure(wake=...)`` says, since there is no work stream to
+launch it on.
 
 A stream's points come in stream order, so a later point never completes before the chain's
 head. An event's records need not: a wait abandoned while its host function is armed leaves
@@ -25,21 +36,121 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import warnings
 import weakref
 from collections import OrderedDict
+from functools import partial
 from typing import TYPE_CHECKING, Final
 
+import anyio
 import anyio.lowlevel
 
+from . import _log
 from ._checks import check_device, check_ordinal, resolve_driver
 from ._driver import Driver
+from ._errors import AiocudasemError, CudaError, DeviceFaultError
+from ._lifetime import Owned
 from ._notifier import Point, current_notifier, side_streams
-from ._stream import Event, Stream
 
 if TYPE_CHECKING:
-    from ._ipc import IpcEvent
+    from typing import Self
 
-__all__ = ("foreign_key", "wait_event")
+    from ._stream import Stream
+
+__all__ = ("BaseEvent", "Event", "foreign_key", "wait_event")
+
+_CAPTURED_EVENT: Final = 907  # CUDA_ERROR_CAPTURED_EVENT: a query of an event recorded in capture
+
+
+class BaseEvent(Owned):
+    """Base of :class:`Event` and :class:`~aiocudasem.IpcEvent`: a CUDA event of this process
+    that the library owns, which a stream can wait for and a coroutine can await."""
+
+    __slots__ = ()
+
+    @property
+    def _event_driver(self) -> Driver:
+        """The driver the event belongs to."""
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        _destroy_event(self._event_driver, self._handle)
+
+    async def wait(self) -> None:
+        """Wait until the event's work has completed (each kind says which work)."""
+        raise NotImplementedError
+
+
+class Event(BaseEvent):
+    """A point in a stream: everything enqueued on it before :meth:`Stream.record`.
+
+    Several coroutines can wait for one event; they share one notification. Close it with
+    :meth:`close` (or ``async with``), or let it be collected: an event may be, without a
+    warning.
+    """
+
+    __slots__ = ("_point", "_stream")
+    _point: Point
+    _stream: Stream
+    _factory = "use Stream.record() to get an Event"
+    _noun = "event"
+    _warn_when_collected = False
+
+    @classmethod
+    def _create(cls, stream: Stream, handle: int) -> Self:
+        self = object.__new__(cls)
+        self._stream = stream
+        self._point = Point(
+            stream._driver, stream._device, stream._handle, handle, None, stream._history
+        )
+        # Collected events are released at the library's next use, not inside the collector.
+        self._own(handle, partial(_destroy_event, stream._driver, handle))
+        return self
+
+    @property
+    def _event_driver(self) -> Driver:
+        return self._stream._driver
+
+    def query(self) -> bool:
+        """True if the captured work has completed. Non-blocking."""
+        return self._stream._driver.event_query(self.handle)
+
+    async def wait(self) -> None:
+        """Wait until the captured work has completed. A checkpoint; cancelling abandons the
+        wait only. Raises :class:`DeviceFaultError` if the device faults meanwhile,
+        ``anyio.ClosedResourceError`` for a closed event, and ``anyio.BusyResourceError``
+        while another event loop, still running, waits for the event or holds its armed
+        notification: await an event from one event loop at a time."""
+        self.handle  # noqa: B018 - raises ClosedResourceError once closed
+        try:
+            await current_notifier().wait(self._point)
+        except CudaError as exc:
+            if exc.status != _CAPTURED_EVENT:
+                raise
+            raise exc._explained(
+                "the event was recorded on a stream that was capturing a CUDA graph, so it "
+                "marks a point in the graph, not work that will complete; record it outside "
+                "capture, or await aiocudasem.launch_graph() of the graph"
+            ) from None
+
+    def close(self) -> None:
+        """Destroy the event. Idempotent. Raises ``anyio.BusyResourceError`` while a coroutine
+        waits on it: close it once those waits are over. A driver failure becomes a
+        ``RuntimeWarning``; after a device fault it succeeds quietly."""
+        if self._point.waiting and not self._point.done:
+            raise anyio.BusyResourceError("waiting on")
+        super().close()
+
+
+def _destroy_event(driver: Driver, handle: int) -> None:
+    try:
+        driver.event_destroy(handle)
+    except DeviceFaultError:
+        pass  # the faulted context took the event with it
+    except AiocudasemError as exc:
+        _log.logger.warning("destroying an event failed: %s", exc)
+        warnings.warn(f"destroying an event failed: {exc}", RuntimeWarning, stacklevel=1)
+
 
 _DEVICE_BITS: Final = 12  # devices per key: ordinals below 4096
 _HANDLE_BITS: Final = 64
@@ -119,14 +230,13 @@ async def wait_event(
     bool, a float or a string; ``ValueError`` for a null or out-of-range handle or a device
     that does not exist.
     """
-    own = _own_event(event)
-    if own is not None:
+    if isinstance(event, BaseEvent):  # an Event or an IpcEvent, awaited as itself
         if device is not None or driver is not None:
             raise ValueError(
                 f"an aiocudasem {type(event).__name__} knows its device and driver: call "
                 "wait_event(event) without device= or driver="
             )
-        await own.wait()
+        await event.wait()
         return
     handle, found = _event_handle(event)
     if device is None:
@@ -157,23 +267,12 @@ async def wait_event(
     side_streams.sweep(drv, device)
 
 
-def _own_event(event: object) -> Event | IpcEvent | None:
-    """``event`` if it is one of the library's events, else None."""
-    if isinstance(event, Event):
-        return event
-    if type(event).__module__ == "aiocudasem._ipc":
-        from ._ipc import IpcEvent  # it imports this module
-
-        if isinstance(event, IpcEvent):
-            return event
-    return None
-
-
 def _event_handle(event: object) -> tuple[int, int | None]:
     """The raw CUevent handle of ``event`` (0: a PyTorch event never recorded), and its device
     ordinal if the event says."""
     kind = type(event).__name__
-    if isinstance(event, Stream) or hasattr(event, "__cuda_stream__") or "Stream" in kind:
+    # A Stream has __cuda_stream__ too.
+    if hasattr(event, "__cuda_stream__") or "Stream" in kind:
         raise TypeError(
             f"{kind} is a stream, not an event: await aiocudasem.wait_stream(stream) for "
             "everything enqueued on a stream"
