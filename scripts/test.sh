@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quick start 2: the test command.
 #  1. In .venv (the package installed editable, with its test extra): lint (ruff check, ruff
-#     format --check) and types (mypy --strict) on the source tree.
+#     format --check), types (mypy --strict) and the import contracts (lint-imports: the layers
+#     and no cycles, pyproject.toml's [tool.importlinter]) on the source tree.
 #  2. Build the documentation site strictly (scripts/docs.sh, in its own .venv-docs): a broken
 #     link or an API reference entry that does not resolve fails.
 #  3. Build the sdist, and the wheel from it (python -m build), and keep both in dist/; a
@@ -26,6 +27,8 @@ ruff check .
 ruff format --check .
 echo "== mypy --strict"
 mypy
+echo "== lint-imports (the import contracts of pyproject.toml)"
+lint-imports --no-cache
 echo "== docs (mkdocs build --strict)"
 bash scripts/docs.sh --quiet
 
