@@ -214,7 +214,24 @@ async def produce(fd: int) -> None:
 
 def child_env() -> dict[str, str]:
     paths = [str(ROOT), *sys.path]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    # A child that hangs is sent SIGABRT (see _stacks()): faulthandler then prints every
+    # thread's stack.
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+        "PYTHONFAULTHANDLER": "1",
+    }
+
+
+def _stacks(proc: subprocess.Popen[str]) -> str:
+    """What a hung child says once it is sent SIGABRT: its threads' stacks."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGABRT)
+    try:
+        return proc.communicate(timeout=30)[0]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate(timeout=30)[0]
 
 
 def _exit_time(proc: subprocess.Popen[str], limit: float) -> float | None:
@@ -266,7 +283,11 @@ def kill_mid_stream(
             deadline = time.monotonic() + timeout
             while f"frame {FRAMES + 1}\n" not in out:
                 left = deadline - time.monotonic()
-                assert left > 0, f"the consumer never reached frame {FRAMES + 1}:\n{''.join(out)}"
+                if left <= 0:
+                    pytest.fail(
+                        f"the consumer never reached frame {FRAMES + 1}:\n{''.join(out)}"
+                        f"{_stacks(consumer)}\nthe producer said:\n{_stacks(producer)}"
+                    )
                 if sel.select(left):
                     line = consumer.stdout.readline()
                     if not line:
@@ -282,8 +303,7 @@ def kill_mid_stream(
         producer.kill()
         exited = _exit_time(consumer, 10)
         if exited is None:
-            consumer.kill()
-            rest = consumer.communicate(timeout=30)[0]
+            rest = _stacks(consumer)
             pytest.fail(
                 f"{backend}: the consumer still ran 10 s after its producer was killed:\n"
                 f"{''.join(out)}{rest}"

@@ -51,7 +51,7 @@ def test_a_killed_vulkan_producer_process_ends_the_consumer_cleanly(
     backend: str, uuid: bytes
 ) -> None:
     producer = [sys.executable, "-m", "tests.gpu.test_producer_dies_gpu", "producer", uuid.hex()]
-    report = kill_mid_stream(producer, "cuda", "semaphore", backend, timeout=120)
+    report = kill_mid_stream(producer, "cuda", "semaphore", backend, timeout=60)
     check_report(report, kill_bound=2.0)
     # The driver opens its device nodes once for the process and keeps them.
     driver_nodes = {
