@@ -21,8 +21,9 @@ from collections.abc import Sequence
 
 from ._checks import resolve_driver
 from ._driver import Driver
+from ._entries import Signal, Wait, driver_label, entry_list
 from ._errors import CudaError, DeviceMismatchError
-from ._semaphore import ExternalSemaphore, Signal, Wait, driver_label, entry_list
+from ._semaphore import ExternalSemaphore
 from ._stream import Stream
 
 __all__ = (

@@ -19,9 +19,7 @@ from . import _log, _release
 from ._abandon import Abandonable
 from ._checks import check_device, check_open_fd, check_ordinal, check_uint, resolve_driver
 from ._driver import Driver, SemaphoreDesc, SemOp
-from ._entries import Signal, Wait
-from ._entries import driver_label as driver_label  # for _graphs.py, with Wait and Signal
-from ._entries import entry_list as entry_list
+from ._entries import Wait
 from ._errors import AiocudasemError, CudaError, UnsupportedHandleTypeError
 from ._handles import HandleInfo, HandleType, info
 from ._notifier import host_wait_streams, reserve_host_wait_stream, wait_private_stream
@@ -31,8 +29,6 @@ if TYPE_CHECKING:
 
 __all__ = (
     "ExternalSemaphore",
-    "Signal",
-    "Wait",
     "import_semaphore",
     "resolve_driver",
 )
