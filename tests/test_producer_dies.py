@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,6 +38,7 @@ import anyio.abc
 import pytest
 
 import aiocudasem as acs
+from aiocudasem._notifier._loop import current_notifier
 from aiocudasem.testing import SimDriver, workloads
 from tests.conftest import fd_targets, open_fds
 
@@ -50,6 +52,8 @@ BACKENDS: dict[str, tuple[str, dict[str, Any]]] = {
 FRAMES = 3  # frames the producer hands over before it is killed
 LAST_FRAME = 1000  # the frames it promised: a task of the consumer waits for the last one
 MiB = 1 << 20
+# A consumer still running this long after it started prints its notifier's state.
+STUCK_S = float(os.environ.get("AIOCUDASEM_TEST_STUCK_S", "20"))
 # A resource that the consumer leaves to the collector is a defect of the scenario: say so.
 WARN = ["-W", "always::ResourceWarning"]
 CONSUMER = [sys.executable, *WARN, "-m", "tests.test_producer_dies", "consumer"]
@@ -88,8 +92,55 @@ async def wait_for_the_last_frame(
         report["parked_error"] = None
 
 
+def _dump_if_stuck(notifier: Any, driver: acs.Driver, finished: threading.Event) -> None:
+    """Print the notifier's state if the consumer has not finished within STUCK_S: a hang
+    then shows what was armed, what the C queue saw and what the driver says of each point."""
+    if finished.wait(STUCK_S):
+        return
+    try:
+        c = notifier._c
+        lines = [
+            f"STUCK after {STUCK_S} s: c.stats={c.stats()} queued={c.queued()}",
+            f"  draining={notifier._draining} heir={notifier._heir!r} asleep={notifier._asleep}"
+            f" check={notifier._check} fd_readable="
+            f"{bool(select.select([notifier._fd], [], [], 0)[0])}",
+            f"  heads={[(k[1], p.seq) for k, p in list(notifier._heads.items())]}",
+            f"  chains={[(k[1], [p.seq for p in ch]) for k, ch in list(notifier._chains.items())]}",
+        ]
+        for token, p in list(notifier._armed.items()):
+            try:
+                eq = driver.event_query(p.event)
+            except Exception as exc:
+                eq = repr(exc)
+            try:
+                sq = driver.stream_query(p.stream)
+            except Exception as exc:
+                sq = repr(exc)
+            lines.append(
+                f"  armed token={token} seq={p.seq} stream={p.stream:#x} event={p.event:#x}"
+                f" done={p.done} waiting={p.waiting} fired={c.fired(token)}"
+                f" event_query={eq} stream_query={sq}"
+            )
+        say("\n".join(lines))
+    except Exception as exc:
+        say(f"STUCK, and the dump failed: {exc!r}")
+
+
 async def consume(fd: int, driver_name: str, kind: str, report: dict[str, Any]) -> None:
     driver = acs.get_driver(driver_name)
+    finished = threading.Event()
+    threading.Thread(
+        target=_dump_if_stuck, args=(current_notifier(), driver, finished), daemon=True
+    ).start()
+    try:
+        await _consume(fd, driver, driver_name, kind, report)
+    finally:
+        finished.set()
+
+
+async def _consume(
+    fd: int, driver: acs.Driver, driver_name: str, kind: str, report: dict[str, Any]
+) -> None:
     work = workloads(driver)
     receive = acs.receive_host_timeline if kind == "host-timeline" else acs.receive_semaphore
     async with await anyio.abc.UNIXSocketStream.from_socket(socket.socket(fileno=fd)) as sock:
