@@ -190,8 +190,8 @@ def test_a_hook_that_fails_with_any_error_does_not_fail_the_wait() -> None:
     def broken(ordinal: int) -> None:
         raise RuntimeError("libnvrtc.so not found")
 
-    drv._before_first_wait(broken)
-    drv._before_first_wait(lambda ordinal: ran.append("second"))
+    drv.before_first_wait(broken)
+    drv.before_first_wait(lambda ordinal: ran.append("second"))
     drv.enqueue_semaphore_waits([SemOp(1, value=1)], 0x5)
     assert b.calls == ["wait"]  # the user's wait went ahead
     assert ran == ["second"]  # and the other hooks ran
@@ -207,7 +207,7 @@ def test_a_concurrent_first_wait_goes_after_the_hooks() -> None:
         assert gate.wait(5)
         b.calls.append("hook-end")
 
-    drv._before_first_wait(slow_hook)
+    drv.before_first_wait(slow_hook)
     first = threading.Thread(target=drv.enqueue_semaphore_waits, args=([SemOp(1, value=1)], 0x5))
     first.start()
     while "hook-start" not in b.calls:

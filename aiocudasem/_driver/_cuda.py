@@ -45,6 +45,9 @@ _LOADING_MODES: Final = {1: "eager", 2: "lazy"}  # CUmoduleLoadingMode
 _HOST_REGISTER_PORTABLE: Final = 0x1
 _HOST_REGISTER_DEVICEMAP: Final = 0x2
 _NOT_SUPPORTED: Final = 801
+_HOST_ALLOC_PORTABLE: Final = 0x1  # CU_MEMHOSTALLOC_PORTABLE
+_FUNCTION_LOADED: Final = 1  # CU_FUNCTION_LOADING_STATE_LOADED
+_FUNCTION_NOT_LOADED: Final = 913  # CUDA_ERROR_FUNCTION_NOT_LOADED
 # What a host timeline needs of a device (CUdevice_attribute names), and how a refusal says it.
 _HOST_WORD_ATTRIBUTES: Final = (
     ("CAN_USE_64_BIT_STREAM_MEM_OPS", "64-bit stream memory operations (cuStreamWaitValue64)"),
@@ -219,35 +222,6 @@ class CudaDriver:
         except self._DriverError as exc:
             self._fail(exc, what)
 
-    def _before_first_wait(self, hook: Callable[[int], object]) -> list[int]:
-        """Call ``hook(ordinal)`` before each device's first semaphore wait, with that
-        device's context current. Module loads go here: loading a module waits until no stream
-        of the context is blocked, so one that runs behind a wait on a semaphore signalled
-        afterwards never returns (seen on an H200 under lazy loading; docs/lazy-loading.md).
-        The workloads load their kernels this way.
-
-        Returns the devices that have had their first wait already: the caller runs its hook
-        for them itself (:meth:`_run_hook`)."""
-        with self._lock:
-            self._first_wait_hooks.append(hook)
-            return sorted(self._waited)
-
-    def _run_hook(self, hook: Callable[[int], object], ordinal: int) -> None:
-        """``hook(ordinal)`` with the device's context current. Best effort: a user's wait
-        must not fail because a hook could not load its kernels; the kernels' own first launch
-        reports that, and the failure is logged."""
-        try:
-            self._use(ordinal)
-            hook(ordinal)
-        except Exception as exc:
-            _log.logger.warning(
-                "loading kernels ahead of device %d's first semaphore wait failed: %s; their "
-                "first launch will load them, which can deadlock behind a pending wait under "
-                "lazy loading (see docs/lazy-loading.md)",
-                ordinal,
-                exc,
-            )
-
     def _first_wait(self, stream: int) -> None:
         """Run the first-wait hooks for ``stream``'s device, once per device. A wait in
         another thread meanwhile goes ahead only once they have run, so that no wait is
@@ -278,7 +252,7 @@ class CudaDriver:
             if lazy:
                 _log.lazy_loading()
             for hook in hooks:
-                self._run_hook(hook, ordinal)
+                self.run_hook(hook, ordinal)
         finally:
             done.set()
             with self._lock:
@@ -705,7 +679,7 @@ class CudaDriver:
 
     def enqueue_wait_value64(self, stream: int, address: int, value: int) -> None:
         # A stream blocked here blocks module loading as a semaphore wait does: the first
-        # wait of a device runs the same hooks (see _before_first_wait).
+        # wait of a device runs the same hooks (see before_first_wait).
         if not self._hooks_done:
             self._first_wait(stream)
         self._call("cuStreamWaitValue64", self._d.stream_wait_value64_v2, stream, address, value, 0)
@@ -713,4 +687,104 @@ class CudaDriver:
     def enqueue_write_value64(self, stream: int, address: int, value: int) -> None:
         self._call(
             "cuStreamWriteValue64", self._d.stream_write_value64_v2, stream, address, value, 0
+        )
+
+    # ------------------------------------------------------------------ kernels, pinned memory
+    # Not part of the Driver protocol: the library never launches a kernel. The workloads
+    # (``aiocudasem._workloads._cuda``) use these, and ``CudaWorkloadDriver`` there declares
+    # them.
+
+    def before_first_wait(self, hook: Callable[[int], object]) -> list[int]:
+        """Call ``hook(ordinal)`` before each device's first semaphore wait, with that
+        device's context current. Module loads go here: loading a module waits until no stream
+        of the context is blocked, so one that runs behind a wait on a semaphore signalled
+        afterwards never returns (seen on an H200 under lazy loading; docs/lazy-loading.md).
+        The workloads load their kernels this way (they use only this section's methods and
+        :meth:`stream_device`).
+
+        Returns the devices that have had their first wait already: the caller runs its hook
+        for them itself (:meth:`run_hook`)."""
+        with self._lock:
+            self._first_wait_hooks.append(hook)
+            return sorted(self._waited)
+
+    def run_hook(self, hook: Callable[[int], object], ordinal: int) -> None:
+        """``hook(ordinal)`` with the device's context current. Best effort: a user's wait
+        must not fail because a hook could not load its kernels; the kernels' own first launch
+        reports that, and the failure is logged."""
+        try:
+            self._use(ordinal)
+            hook(ordinal)
+        except Exception as exc:
+            _log.logger.warning(
+                "loading kernels ahead of device %d's first semaphore wait failed: %s; their "
+                "first launch will load them, which can deadlock behind a pending wait under "
+                "lazy loading (see docs/lazy-loading.md)",
+                ordinal,
+                exc,
+            )
+
+    def mem_host_alloc(self, nbytes: int) -> int:
+        """``nbytes`` of page-locked host memory, portable: kernels of every device's context
+        can use it (``cuMemHostAlloc`` with ``CU_MEMHOSTALLOC_PORTABLE``, in device 0's primary
+        context)."""
+        self._use(0)
+        return int(
+            self._call("cuMemHostAlloc", self._d.mem_host_alloc, nbytes, _HOST_ALLOC_PORTABLE)
+        )
+
+    def mem_free_host(self, ptr: int) -> None:
+        """Free memory from :meth:`mem_host_alloc` (``cuMemFreeHost``)."""
+        self._call("cuMemFreeHost", self._d.mem_free_host, ptr)
+
+    def compute_capability(self, ordinal: int) -> tuple[int, int]:
+        """The device's compute capability, major and minor. The device's context must be
+        current."""
+        major = self._attribute(ordinal, "COMPUTE_CAPABILITY_MAJOR")
+        return major, self._attribute(ordinal, "COMPUTE_CAPABILITY_MINOR")
+
+    def library_load_data(self, image: bytes) -> int:
+        """Load a fatbin, cubin or PTX image into a ``CUlibrary`` (``cuLibraryLoadData``); its
+        kernels load into a context by :meth:`library_load_kernel`. A device the image has no
+        code for raises :class:`CudaError` with status 209, 218 or 222."""
+        return int(
+            self._call("cuLibraryLoadData", self._d.library_load_data, image, 0, 0, 0, 0, 0, 0)
+        )
+
+    def library_unload(self, library: int) -> None:
+        """Unload a library from :meth:`library_load_data` (``cuLibraryUnload``)."""
+        self._call("cuLibraryUnload", self._d.library_unload, library)
+
+    def library_load_kernel(self, library: int, name: str) -> int:
+        """Return kernel ``name`` of ``library``, loaded into the current context: under lazy
+        loading it would otherwise load at its first launch (docs/lazy-loading.md)."""
+        d = self._d
+        try:
+            kernel = int(d.library_get_kernel(library, name.encode()))
+            func = d.kernel_get_function(kernel)  # this context's function of the kernel
+            d.func_load(func)
+            state = int(d.func_is_loaded(func))
+        except self._DriverError as exc:
+            self._fail(exc, f"loading kernel {name} (cuKernelGetFunction, cuFuncLoad)")
+        if state != _FUNCTION_LOADED:
+            raise CudaError(
+                f"cuFuncLoad returned but kernel {name} is still not loaded (loading state "
+                f"{state}); its first launch would load it lazily, which can deadlock a "
+                "hand-off (see docs/lazy-loading.md)",
+                _FUNCTION_NOT_LOADED,
+                "CUDA_ERROR_FUNCTION_NOT_LOADED",
+            )
+        return kernel
+
+    def launch_kernel(self, kernel: int, grid: int, block: int, stream: int, params: int) -> None:
+        """Enqueue ``kernel`` (from :meth:`library_load_kernel`) on the stream, as a
+        one-dimensional grid of ``grid`` blocks of ``block`` threads, without dynamic shared
+        memory (``cuLaunchKernel``). ``params`` is the address of the array of pointers to its
+        arguments."""
+        self._call(
+            "cuLaunchKernel",
+            self._d.launch_kernel,
+            kernel,
+            *(grid, 1, 1, block, 1, 1),
+            *(0, stream, params, 0),  # shared memory, stream, arguments, extra
         )

@@ -590,6 +590,7 @@ class SimDriver:
         self._faults: dict[int, int] = {}
         self._host_fns: dict[int, Callable[[int | None], None]] = {}
         self._blocked: dict[int, int] = {}  # device -> streams blocked in a semaphore wait
+        self._pinned: dict[int, ctypes.Array[ctypes.c_char]] = {}  # mem_host_alloc's memory
         # The legacy default stream, handle 0, on device 0.
         self._streams[0] = _Stream(0, 0, self._lock)
         track(self)
@@ -1466,3 +1467,23 @@ class SimDriver:
                 raise _error(_INVALID_VALUE, "cuStreamWriteValue64")
             self._word(s, address, "cuStreamWriteValue64")
             self._push(s, _WordWrite(address, value))
+
+    # ------------------------------------------------------------------ pinned memory
+
+    def mem_host_alloc(self, nbytes: int) -> int:
+        """``nbytes`` of host memory that simulated kernels of every device can use: on the
+        simulated device, ordinary memory stands in for page-locked memory
+        (``cuMemHostAlloc``). Not part of the :class:`Driver` protocol: the workloads use it."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+            raise _error(_INVALID_VALUE, "cuMemHostAlloc")
+        buf = (ctypes.c_char * nbytes)()
+        ptr = ctypes.addressof(buf)
+        with self._lock:  # after fork() it refuses, as every simulated call does
+            self._pinned[ptr] = buf
+        return ptr
+
+    def mem_free_host(self, ptr: int) -> None:
+        """Free memory from :meth:`mem_host_alloc` (``cuMemFreeHost``)."""
+        with self._lock:
+            if self._pinned.pop(ptr, None) is None:
+                raise _error(_INVALID_VALUE, "cuMemFreeHost")

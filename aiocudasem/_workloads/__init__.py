@@ -2,8 +2,9 @@
 
 They are not part of the device seam: the library itself never launches a kernel. Each driver
 that can run them has an implementation here (``_cuda``: the prebuilt kernels of ``kernels/``;
-``_sim``: Python callables on the simulated device), and :func:`workloads` picks it. Users get
-them through :mod:`aiocudasem.testing`.
+``_sim``: Python callables on the simulated device), and :func:`workloads` picks it. Each
+declares what it uses of its driver beside the ``Driver`` protocol (``CudaWorkloadDriver``,
+``SimWorkloadDriver``) and uses nothing else. Users get them through :mod:`aiocudasem.testing`.
 """
 
 from __future__ import annotations
@@ -140,6 +141,8 @@ def _new(driver: Driver) -> SimWorkloads | CudaWorkloads:
         from ._sim import SimWorkloads
 
         return SimWorkloads(driver)
+    from .._driver._cuda import CudaDriver
     from ._cuda import CudaWorkloads
 
-    return CudaWorkloads(driver)  # type: ignore[arg-type]
+    assert isinstance(driver, CudaDriver)  # workloads() let no other driver through
+    return CudaWorkloads(driver)

@@ -5,45 +5,43 @@ from __future__ import annotations
 
 import ctypes
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from .._errors import CudaError
+from .._driver import Driver
 from . import SEEN, WeakDriver, frame_words
 
 if TYPE_CHECKING:
-    from .._driver._sim import SimDriver
+    from collections.abc import Callable
 
-__all__ = ("SimWorkloads",)
+__all__ = ("SimWorkloadDriver", "SimWorkloads")
+
+
+class SimWorkloadDriver(Driver, Protocol):
+    """What the workloads use of the simulated device: the :class:`~aiocudasem._driver.Driver`
+    protocol, ``SimDriver.launch`` (a Python callable as a kernel) and its pinned memory."""
+
+    def launch(self, stream: int, fn: Callable[[], None]) -> None: ...
+    def mem_host_alloc(self, nbytes: int) -> int: ...
+    def mem_free_host(self, ptr: int) -> None: ...
 
 
 class _Trap(Exception):
     """Raised by the simulated trap kernel: the simulator faults the context for it."""
 
 
-class SimWorkloads(WeakDriver["SimDriver"]):
-    def __init__(self, driver: SimDriver) -> None:
-        super().__init__(driver)
-        self._pinned: dict[int, ctypes.Array[ctypes.c_char]] = {}
+class SimWorkloads(WeakDriver[SimWorkloadDriver]):
+    """The workloads of one ``SimDriver``, through the methods of :class:`SimWorkloadDriver`
+    only."""
 
     def alloc_pinned(self, nbytes: int) -> int:
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
             raise ValueError("nbytes must be a positive int")
-        buf = (ctypes.c_char * nbytes)()
-        ptr = ctypes.addressof(buf)
-        with self._driver._lock:  # after fork() it refuses, as every simulated call does
-            self._pinned[ptr] = buf
-        return ptr
+        return self._driver.mem_host_alloc(nbytes)
 
     def free_pinned(self, ptr: int) -> None:
-        with self._driver._lock:
-            if self._pinned.pop(ptr, None) is None:
-                raise CudaError(
-                    "cuMemFreeHost failed: CUDA_ERROR_INVALID_VALUE (1) [simulated]",
-                    1,
-                    "CUDA_ERROR_INVALID_VALUE",
-                )
+        self._driver.mem_free_host(ptr)
 
     def launch_spin(self, stream: int, ns: int) -> None:
         self._driver.launch(stream, lambda: time.sleep(ns / 1e9))
