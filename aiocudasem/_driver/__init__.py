@@ -12,7 +12,7 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, overload, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, overload, runtime_checkable
 
 from .._errors import DriverUnavailableError
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from ._sim import SimDriver
 
-__all__ = ("DRIVER_ENV", "Driver", "SemaphoreDesc", "SemOp", "get_driver")
+__all__ = ("DRIVER_ENV", "Driver", "SemaphoreDesc", "SemOp", "TrackedDriver", "get_driver")
 
 #: Environment variable that picks the default driver: ``cuda`` (default) or ``sim``. Read by
 #: every ``get_driver(None)`` call, that is by every call given ``driver=None``; surrounding
@@ -260,13 +260,25 @@ class Driver(Protocol):
         ...
 
 
+@runtime_checkable
+class TrackedDriver(Driver, Protocol):
+    """A driver of this package (``cuda`` or ``sim``), which registers itself with
+    :func:`track` when created. Not part of the public protocol: a driver of the user's own is
+    never tracked, and needs none of this."""
+
+    def _after_fork(self) -> None:
+        """Called in a forked child, on every tracked driver inherited from the parent: from
+        then on every call on it raises :class:`DriverUnavailableError`."""
+        ...
+
+
 _lock = threading.Lock()
 _drivers: dict[str, Driver] = {}
-_live: weakref.WeakSet[Any] = weakref.WeakSet()  # every driver object of this process
+_live: weakref.WeakSet[TrackedDriver] = weakref.WeakSet()  # every driver object of this process
 _cuda_before_fork = False  # a CUDA driver was initialised in a parent of this (forked) process
 
 
-def track(driver: object) -> None:
+def track(driver: TrackedDriver) -> None:
     """Register a new driver object, so that a fork can disable it in the child."""
     _live.add(driver)
 
