@@ -59,8 +59,9 @@ src=$(find "$work" -mindepth 1 -maxdepth 1 -type d -name 'aiocudasem-*')
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   missing=()
   while IFS= read -r path; do
-    # benchmarks/ holds recorded results, left out of the sdist on purpose (MANIFEST.in).
-    case "$path" in benchmarks/*) continue ;; esac
+    # benchmarks/ (recorded results) and research/ (one-off probes) are left out of the sdist
+    # on purpose (MANIFEST.in).
+    case "$path" in benchmarks/* | research/*) continue ;; esac
     if [ -f "$path" ] && [ "$path" != .gitignore ] && [ ! -e "$src/$path" ]; then
       missing+=("$path")
     fi

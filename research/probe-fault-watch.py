@@ -12,9 +12,9 @@ stream while the main thread queries an event every 0.5 ms. The report compares 
 blocked thread returned with when the query loop first saw the fault. The ``spinning`` case
 uses an event without the blocking flag, for contrast. On the GPU machine:
 
-    bash scripts/device.sh --smoke scripts/probe-fault-watch.py
+    bash scripts/device.sh --smoke research/probe-fault-watch.py
 
-or, with the package importable, ``python3 scripts/probe-fault-watch.py [--runs 3]``. The
+or, with the package importable, ``python3 research/probe-fault-watch.py [--runs 3]``. The
 report goes to stdout and, when ``$OUT`` is set, to ``$OUT/fault-watch-probe.txt``.
 """
 
@@ -47,7 +47,8 @@ def thread_cpu_ns() -> dict[int, int]:
 def child(case: str, window: float) -> dict[str, Any]:
     from cuda.bindings._v2 import driver as d
 
-    from aiocudasem.lowlevel import SemaphoreDesc, SemOp, get_driver
+    from aiocudasem import get_driver
+    from aiocudasem.lowlevel import SemaphoreDesc, SemOp
     from aiocudasem.testing import workloads
 
     drv = get_driver("cuda")

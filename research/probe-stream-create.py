@@ -9,8 +9,8 @@ reported, and, while it is blocked, each of the other calls the wait path makes 
 yet another thread. Then the timeline is signalled and everything drains. Nothing here runs a
 driver call on the main thread after the block, so the script always ends.
 
-On the GPU machine: ``bash scripts/device.sh --smoke scripts/probe-stream-create.py``; or
-``python3 scripts/probe-stream-create.py [N]`` with the package importable (N = 64 by
+On the GPU machine: ``bash scripts/device.sh --smoke research/probe-stream-create.py``; or
+``python3 research/probe-stream-create.py [N]`` with the package importable (N = 64 by
 default). Needs a real GPU: the simulated device does not model this.
 """
 
@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 
 import aiocudasem as acs
-from aiocudasem import _notify
+from aiocudasem.lowlevel import HostNotifier
 
 LIMIT = 3.0  # s: a call that takes longer is reported as blocked
 
@@ -58,7 +58,7 @@ def main() -> int:
     work = [drv.stream_create(0, True, 0) for _ in range(n)]
     for h in work:
         acs.Stream.adopt(h, driver=drv).enqueue_wait(acs.Wait(timeline, 1))
-    queue = _notify.Notifier()
+    queue = HostNotifier()
     idle = drv.stream_create(0, True, 0)
     probe_event = drv.event_create(0)
     sides: list[int] = []
@@ -78,7 +78,7 @@ def main() -> int:
                 ("cuEventRecord", lambda: drv.event_record(probe_event, sides[2])),
                 (
                     "cuLaunchHostFunc",
-                    lambda: drv.launch_host_func(sides[3], _notify.HOST_FN, queue.arm(10**6)),
+                    lambda: queue.launch(drv, sides[3], 10**6),
                 ),
                 ("cuEventCreate", lambda: drv.event_create(0)),
                 ("cuStreamDestroy (an idle stream)", lambda: drv.stream_destroy(idle)),
@@ -92,7 +92,7 @@ def main() -> int:
         event = drv.event_create(0)
         drv.event_record(event, h)
         drv.stream_wait_event(side, event)
-        drv.launch_host_func(side, _notify.HOST_FN, queue.arm(i + 1))
+        queue.launch(drv, side, i + 1)
         if i < 2 or i % 16 == 15:
             print(f"  side stream #{i + 1}: cuStreamCreate took {took(th, box)}")
     if blocked is None:
