@@ -23,13 +23,12 @@ import argparse
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
-
-from aiocudasem.cli.bench import _report
 
 #: (label, how to get the figure from one run's results.json, format, larger is better)
 FIGURES: list[tuple[str, str, str, bool]] = [
@@ -68,8 +67,12 @@ def figure(doc: dict[str, Any], approach: str, key: str) -> float | None:
 
 
 def spread(values: list[float], spec: str) -> str:
-    """``median [min-max]`` of the rounds, as the benchmark's own page gives a figure."""
-    return _report.spread(_report.over_runs(values) if values else None, spec)
+    """``median [min-max]`` of the rounds, as the benchmark's own page gives a figure (the
+    median alone for one round, ``n/a`` for none)."""
+    if not values:
+        return "n/a"
+    med, lo, hi = (format(v, spec) for v in (statistics.median(values), min(values), max(values)))
+    return med if len(values) == 1 else f"{med} [{lo}-{hi}]"
 
 
 def main() -> int:
