@@ -1129,12 +1129,13 @@ def test_every_status_the_simulated_device_raises_has_its_symbolic_name() -> Non
     from pathlib import Path
 
     from aiocudasem._driver import _sim
+    from aiocudasem._driver._sim._core import _CUDA_NAMES
     from aiocudasem._errors import STICKY_STATUSES
 
-    source = Path(_sim.__file__).read_text()
+    source = "".join(p.read_text() for p in sorted(Path(_sim.__file__).parent.glob("*.py")))
     raised = {int(n) for n in re.findall(r"_error\((\d+)", source)}
     for status in raised | set(STICKY_STATUSES):
-        assert status in _sim._CUDA_NAMES, status
+        assert status in _CUDA_NAMES, status
     with pytest.raises(CudaError) as info:
         SimDriver().stream_create(5, True, 0)
     assert info.value.name == "CUDA_ERROR_INVALID_DEVICE"

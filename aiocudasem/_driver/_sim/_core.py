@@ -29,15 +29,15 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Final
 
-from .. import _hostword
-from .._errors import STICKY_STATUSES, CudaError, DeviceFaultError, UnsupportedFeatureError
-from .._handles import lookup
-from . import forked_error, track
+from ... import _hostword
+from ..._errors import STICKY_STATUSES, CudaError, DeviceFaultError, UnsupportedFeatureError
+from ..._handles import lookup
+from .. import forked_error, track
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from . import SemaphoreDesc, SemOp
+    from .. import SemaphoreDesc, SemOp
 
 __all__ = ("SimDriver", "SimProducer")
 
