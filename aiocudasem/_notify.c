@@ -27,6 +27,8 @@
 #include <sys/eventfd.h>
 #endif
 
+#include "_acs.h"
+
 typedef struct state state_t;
 
 typedef struct node {
@@ -398,77 +400,62 @@ static PyTypeObject NotifierType = {
  * throw() of its own). */
 
 typedef struct {
-    PyObject_HEAD
-    int yielded;
+    AcsAwait head; /* state: 1 once it yielded */
 } YieldObject;
 
-static PyTypeObject YieldType;
+static AcsType YieldType;
 
 static PyObject *yield_once(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
-    YieldObject *y = PyObject_New(YieldObject, &YieldType);
-    if (y != NULL) y->yielded = 0;
+    YieldObject *y = PyObject_New(YieldObject, &YieldType.type);
+    if (y != NULL) y->head.state = y->head.executing = 0;
     return (PyObject *)y;
 }
 
-static PyObject *Yield_self(PyObject *self) {
-    Py_INCREF(self);
-    return self;
+/* The step: the yield, then the end (None, the await's value). */
+static PySendResult Yield_step(PyObject *self, PyObject *Py_UNUSED(arg), PyObject **result) {
+    YieldObject *y = (YieldObject *)self;
+    *result = Py_NewRef(Py_None);
+    if (y->head.state) return PYGEN_RETURN;
+    y->head.state = 1;
+    return PYGEN_NEXT;
 }
 
-static PyObject *Yield_next(YieldObject *self) {
-    if (self->yielded) return NULL; /* exhausted: StopIteration, no value */
-    self->yielded = 1;
-    Py_RETURN_NONE;
+/* close(): no yield left. */
+static int Yield_end(PyObject *self) {
+    ((YieldObject *)self)->head.state = 1;
+    return 0;
 }
 
-static PySendResult Yield_send(YieldObject *self, PyObject *Py_UNUSED(arg), PyObject **result) {
-    PyObject *r = Yield_next(self);
-    if (r != NULL) {
-        *result = r; /* the yield */
-        return PYGEN_NEXT;
-    }
-    Py_INCREF(Py_None);
-    *result = Py_None; /* the await's value */
-    return PYGEN_RETURN;
-}
+static const AcsAwaitHooks Yield_hooks = {.name = "yield_once()", .end = Yield_end};
 
 /* send(value) and close(), as a generator has them, for a driver of the awaiting coroutine that
  * sends a value other than None (the interpreter calls send() then) or closes it: the value is
  * ignored, as the bare yield of a generator ignores it. No throw(): an exception thrown into the
  * awaiting coroutine is raised at its await. */
-static PyObject *Yield_send_method(YieldObject *self, PyObject *Py_UNUSED(value)) {
-    PyObject *r = Yield_next(self);
-    if (r == NULL) PyErr_SetNone(PyExc_StopIteration); /* a method raises what next() implies */
-    return r;
-}
-
-static PyObject *Yield_close(YieldObject *self, PyObject *Py_UNUSED(ignored)) {
-    self->yielded = 1;
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef Yield_methods[] = {
-    {"send", (PyCFunction)Yield_send_method, METH_O,
-     "send(value): as next(); the value is ignored."},
-    {"close", (PyCFunction)Yield_close, METH_NOARGS, "close(): end without yielding."},
+    {"send", acs_await_send, METH_O, "send(value): as next(); the value is ignored."},
+    {"close", acs_await_close, METH_NOARGS, "close(): end without yielding."},
     {NULL, NULL, 0, NULL},
 };
 
 static PyAsyncMethods Yield_async = {
-    .am_await = Yield_self,
-    .am_send = (sendfunc)Yield_send,
+    .am_await = acs_return_self,
+    .am_send = Yield_step,
 };
 
-static PyTypeObject YieldType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "aiocudasem._notify.Yield",
-    .tp_basicsize = sizeof(YieldObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "One bare yield to an asyncio task (see yield_once()).",
-    .tp_as_async = &Yield_async,
-    .tp_iter = Yield_self,
-    .tp_iternext = (iternextfunc)Yield_next,
-    .tp_methods = Yield_methods,
+static AcsType YieldType = {
+    .type = {
+        PyVarObject_HEAD_INIT(NULL, 0)
+        .tp_name = "aiocudasem._notify.Yield",
+        .tp_basicsize = sizeof(YieldObject),
+        .tp_flags = Py_TPFLAGS_DEFAULT,
+        .tp_doc = "One bare yield to an asyncio task (see yield_once()).",
+        .tp_as_async = &Yield_async,
+        .tp_iter = acs_return_self,
+        .tp_iternext = acs_await_next,
+        .tp_methods = Yield_methods,
+    },
+    .await = &Yield_hooks,
 };
 
 static PyMethodDef module_methods[] = {
@@ -487,7 +474,7 @@ static struct PyModuleDef notify_module = {
 
 PyMODINIT_FUNC PyInit__notify(void) {
     if (PyType_Ready(&NotifierType) < 0) return NULL;
-    if (PyType_Ready(&YieldType) < 0) return NULL;
+    if (PyType_Ready(&YieldType.type) < 0) return NULL;
     PyObject *m = PyModule_Create(&notify_module);
     if (!m) return NULL;
     Py_INCREF(&NotifierType);
