@@ -366,7 +366,7 @@ def test_a_handle_naming_another_file_is_refused(sim: SimDriver, tmp_path: Path)
     is neither mapped nor written."""
     import struct
 
-    from aiocudasem._driver._sim import _core as _sim
+    from aiocudasem._driver._sim import _ipc as _sim
 
     victim = tmp_path / "victim"
     victim.write_bytes(b"A" * 4096)

@@ -65,7 +65,7 @@ async def test_a_failed_destroy_of_an_evicted_side_stream_does_not_fail_the_laun
     """The evicted side stream is destroyed after the host function is enqueued on the new one.
     If that destroy fails, the launch must still succeed: a launch that raised would have its
     C node freed while the host function that writes to it is queued."""
-    from aiocudasem._driver._sim._core import _error
+    from aiocudasem._driver._sim._status import _error
     from aiocudasem._notifier import _pools
     from aiocudasem._notifier._pools import destroy_stream, side_streams
 
@@ -144,7 +144,7 @@ async def test_a_stream_whose_side_stream_cannot_be_made_is_not_opened(
 ) -> None:
     """open_stream() raises the driver's error and destroys the stream it created; adopt()
     raises it and leaves the foreign stream as it was."""
-    from aiocudasem._driver._sim._core import _error
+    from aiocudasem._driver._sim._status import _error
 
     raw = sim.stream_create(0, True, 0)
     create = sim.stream_create

@@ -1129,7 +1129,7 @@ def test_every_status_the_simulated_device_raises_has_its_symbolic_name() -> Non
     from pathlib import Path
 
     from aiocudasem._driver import _sim
-    from aiocudasem._driver._sim._core import _CUDA_NAMES
+    from aiocudasem._driver._sim._status import _CUDA_NAMES
     from aiocudasem._errors import STICKY_STATUSES
 
     source = "".join(p.read_text() for p in sorted(Path(_sim.__file__).parent.glob("*.py")))
