@@ -40,6 +40,7 @@ from ._processes import receive_host_timeline as receive_host_timeline
 from ._processes import receive_semaphore as receive_semaphore
 from ._processes import send_host_timeline as send_host_timeline
 from ._processes import send_semaphore as send_semaphore
+from ._public import publish as _publish
 from ._semaphore import ExternalSemaphore as ExternalSemaphore
 from ._semaphore import import_semaphore as import_semaphore
 from ._stream import HandOff as HandOff
@@ -101,3 +102,5 @@ __all__ = (
     "wait_nodes",
     "wait_stream",
 )
+
+_publish(__name__, globals(), __all__)

@@ -1,13 +1,13 @@
-"""The low-level layer: the device seam and the notifier's knobs.
+"""The low-level layer: what the device seam's calls take, the notifier's counters and its C core.
 
-Most programs need only the top level (:mod:`aiocudasem`). This module is for code that drives
-the library from underneath: a custom or wrapped driver, benchmarks, tuning of the wait strategy,
-and monitoring.
+Most programs need only the top level (:mod:`aiocudasem`), which also holds the device seam
+(:class:`~aiocudasem.Driver`, :func:`~aiocudasem.get_driver`, :data:`~aiocudasem.DRIVER_ENV`)
+and the wait strategy's settings (:class:`~aiocudasem.Tuning`, :func:`~aiocudasem.configure`).
+This module is for code that drives the library from underneath: a custom or wrapped driver,
+benchmarks and monitoring.
 
-- :class:`Driver` is the device seam, a small synchronous Protocol on ``int`` handles;
-  :class:`SemaphoreDesc` and :class:`SemOp` are what its semaphore calls take, and
-  :func:`get_driver` returns the process-wide ``cuda`` or ``sim`` driver.
-- :class:`Tuning` and :func:`configure` set the wait strategy for the whole process.
+- :class:`SemaphoreDesc` and :class:`SemOp` are what a driver's semaphore calls take, and
+  :data:`HANDLE_TYPES` says what each handle type means (:class:`HandleInfo`).
 - :func:`statistics` returns a frozen :class:`Statistics`: the running loop's notifier and
   the process-wide pools and threads, for monitoring and tests.
 - :class:`HostNotifier` is the notifier's C core on its own, for code that waits for stream
@@ -19,23 +19,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._checks import check_uint as _check_uint
-from ._driver import DRIVER_ENV as DRIVER_ENV
-from ._driver import Driver as Driver
 from ._driver import SemaphoreDesc as SemaphoreDesc
 from ._driver import SemOp as SemOp
-from ._driver import get_driver as get_driver
 from ._errors import AiocudasemError as _AiocudasemError
 from ._handles import HANDLE_TYPES as HANDLE_TYPES
 from ._handles import HandleInfo as HandleInfo
 from ._notifier import Statistics as Statistics
-from ._notifier import Tuning as Tuning
-from ._notifier import configure as configure
 from ._notifier import statistics as statistics
 from ._notify import HOST_FN as _HOST_FN
 from ._notify import Notifier as _CNotifier
+from ._public import publish as _publish
 
 if TYPE_CHECKING:
     from types import TracebackType
+
+    from ._driver import Driver
 
 #: The address of the C host function that reports completions to the event loop (a
 #: ``CUhostFn`` that never takes the GIL and never calls CUDA), for diagnostics.
@@ -114,17 +112,14 @@ class HostNotifier:
 
 
 __all__ = (
-    "DRIVER_ENV",
     "HOST_FUNCTION",
     "HostNotifier",
     "HANDLE_TYPES",
-    "Driver",
     "HandleInfo",
     "SemOp",
     "SemaphoreDesc",
     "Statistics",
-    "Tuning",
-    "configure",
-    "get_driver",
     "statistics",
 )
+
+_publish(__name__, globals(), __all__)

@@ -19,6 +19,7 @@ from ._driver import get_driver
 from ._driver._sim import SimDriver as SimDriver
 from ._driver._sim import SimProducer as SimProducer
 from ._handles import HandleType
+from ._public import publish as _publish
 from ._semaphore import ExternalSemaphore, import_semaphore
 from ._stream import Stream
 from ._workloads import SEEN as SEEN
@@ -92,3 +93,6 @@ def hold(stream: Stream) -> threading.Event:
 
     driver.launch(stream.handle, kernel)
     return gate
+
+
+_publish(__name__, globals(), __all__)

@@ -17,7 +17,7 @@ import aiocudasem as acs
 from aiocudasem.testing import SimDriver, hold
 
 if TYPE_CHECKING:
-    from aiocudasem.lowlevel import Driver
+    from aiocudasem import Driver
 
 _BACKENDS: list[Any] = [
     pytest.param(("asyncio", {"use_uvloop": False}), id="asyncio"),

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 
 import aiocudasem as acs
-from aiocudasem import VulkanUnavailableError
+from aiocudasem import DRIVER_ENV, VulkanUnavailableError
 from aiocudasem.cli import doctor
 from aiocudasem.cli.doctor import LAZY_LOADING_HINT
-from aiocudasem.lowlevel import DRIVER_ENV
 from aiocudasem.vulkan import VulkanDevice
 
 

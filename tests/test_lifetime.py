@@ -228,7 +228,8 @@ def test_dev_mode_names_where_a_forgotten_object_was_created(
 
 
 async def test_detaching_a_stream_forgets_its_side_stream(sim: SimDriver) -> None:
-    from aiocudasem.lowlevel import configure, statistics
+    from aiocudasem import configure
+    from aiocudasem.lowlevel import statistics
 
     saved = configure()
     configure(spin_limit=0)  # park, so that the wait uses the side stream

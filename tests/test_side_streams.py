@@ -107,8 +107,8 @@ async def test_a_stream_makes_its_side_stream_when_opened_or_adopted(
     """Never in the middle of an await: creating a CUDA stream can block while host functions
     are queued behind work that cannot progress (see ``side_streams.ensure``). A wait that
     parks then creates no stream at all."""
+    from aiocudasem import configure
     from aiocudasem._notifier import side_streams
-    from aiocudasem.lowlevel import configure
 
     before = side_streams.count(sim)
     raw = sim.stream_create(0, True, 0)
@@ -177,8 +177,8 @@ async def test_a_stream_whose_side_stream_cannot_be_made_is_not_opened(
 
 
 async def test_the_work_stream_wake_makes_no_side_streams(sim: SimDriver) -> None:
+    from aiocudasem import configure
     from aiocudasem._notifier import side_streams
-    from aiocudasem.lowlevel import configure
 
     before = side_streams.count(sim)
     configure(wake="work_stream")
@@ -257,8 +257,8 @@ async def test_a_lone_host_side_wait_takes_a_stream_that_has_its_side_stream(
     its own, and both end while spinning, so that stream has no side stream when it goes back.
     A later lone wait that parks must take the reserved one, whose side stream exists, and
     make no stream."""
+    from aiocudasem import configure
     from aiocudasem._notifier import host_wait_streams
-    from aiocudasem.lowlevel import configure
 
     host_wait_streams._free.pop(sim, None)
     timeline = acs.create_host_timeline(driver=sim)

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from aiocudasem import CudaError, DeviceFaultError
-from aiocudasem.lowlevel import Driver, SemaphoreDesc, SemOp
+from aiocudasem import CudaError, DeviceFaultError, Driver
+from aiocudasem.lowlevel import SemaphoreDesc, SemOp
 from aiocudasem.testing import SEEN, SimDriver, SimProducer, frame_word, workloads
 
 TIMEOUT = 10.0  # the bound on every wait that is expected to succeed

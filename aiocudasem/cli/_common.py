@@ -10,8 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .. import DriverUnavailableError
-from ..lowlevel import DRIVER_ENV, Driver, get_driver
+from .. import DRIVER_ENV, Driver, DriverUnavailableError, get_driver
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite

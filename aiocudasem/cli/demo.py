@@ -33,6 +33,7 @@ import numpy as np
 
 from .. import (
     AiocudasemError,
+    Driver,
     ExternalSemaphore,
     HandleType,
     Signal,
@@ -41,7 +42,6 @@ from .. import (
     import_semaphore,
     open_stream,
 )
-from ..lowlevel import Driver
 from ..testing import SEEN, SimDriver, Workloads, frame_words, workloads
 from ._common import EXIT_USAGE, CommandError, missing_loop, open_driver
 

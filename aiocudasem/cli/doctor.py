@@ -11,13 +11,16 @@ import time
 import anyio
 
 from .. import (
+    DRIVER_ENV,
     AiocudasemError,
+    Driver,
     DriverUnavailableError,
     UnsupportedFeatureError,
     create_host_timeline,
+    get_driver,
     open_stream,
 )
-from ..lowlevel import DRIVER_ENV, HOST_FUNCTION, Driver, Statistics, get_driver, statistics
+from ..lowlevel import HOST_FUNCTION, Statistics, statistics
 from ..testing import SimDriver
 from ._common import DRIVERS, bad_env_message
 

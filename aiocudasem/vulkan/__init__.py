@@ -19,16 +19,13 @@ Inside, each layer imports only those before it: ``_abi`` (the ctypes mirror of
 ``vulkan_core.h``), ``_loader``, ``_select``, ``_state``, and ``_api``.
 """
 
-from .._errors import DeviceMismatchError as DeviceMismatchError
-from .._errors import VulkanError as VulkanError
-from .._errors import VulkanUnavailableError as VulkanUnavailableError
+from .._public import publish as _publish
 from ._api import VulkanDevice as VulkanDevice
 from ._api import VulkanSemaphore as VulkanSemaphore
 
 __all__ = (
-    "DeviceMismatchError",
     "VulkanDevice",
-    "VulkanError",
     "VulkanSemaphore",
-    "VulkanUnavailableError",
 )
+
+_publish(__name__, globals(), __all__)

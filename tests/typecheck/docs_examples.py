@@ -118,12 +118,12 @@ async def simulated_driver() -> None:
 def tuning_and_statistics() -> None:
     settings: acs.Tuning = acs.configure(spin_limit=0)
     acs.configure(spin_limit=250e-6, max_spinners=8, watchdog=0.08, wake="side_stream")
-    lowlevel.configure(watchdog=settings.watchdog)
+    acs.configure(watchdog=settings.watchdog)
     stats: lowlevel.Statistics = lowlevel.statistics()
     counts: list[int] = [stats.parked, stats.spinning, stats.armed, stats.chained]
     counts += [stats.completed, stats.faulted, stats.faults_seen, stats.leaked]
     assert all(c >= 0 for c in counts)
-    driver: lowlevel.Driver = lowlevel.get_driver("sim")
+    driver: acs.Driver = acs.get_driver("sim")
     assert driver.device_count() >= 1
 
 

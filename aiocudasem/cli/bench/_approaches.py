@@ -14,8 +14,9 @@ from typing import Any, ClassVar
 import anyio
 
 import aiocudasem as acs
+from aiocudasem import configure
 from aiocudasem._notify import yield_once
-from aiocudasem.lowlevel import HostNotifier, configure
+from aiocudasem.lowlevel import HostNotifier
 
 # ---------------------------------------------------------------- approaches
 #
@@ -157,7 +158,7 @@ class PythonCallback(Approach):
 class Aiocudasem(Approach):
     name, label = "aiocudasem", "aiocudasem (await stream.wait_complete())"
     asyncio_only = False
-    #: Settings in force for this approach's measurements (``aiocudasem.lowlevel.configure``).
+    #: Settings in force for this approach's measurements (``aiocudasem.configure``).
     settings: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, drv: acs.Driver) -> None:

@@ -16,7 +16,7 @@ import anyio
 import anyio.lowlevel
 
 import aiocudasem as acs
-from aiocudasem.lowlevel import configure
+from aiocudasem import configure
 from aiocudasem.testing import workloads
 
 from ._approaches import Aiocudasem, Approach, BlockingSync, CheckpointFloor
