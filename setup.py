@@ -9,6 +9,8 @@ _SOURCES = {
 }
 
 setup(
+    # The C sources and headers are the sdist's, to build from; the wheel has the modules.
+    exclude_package_data={"aiocudasem": ["*.c", "*.h"]},
     ext_modules=[
         Extension(
             f"aiocudasem.{name}",
@@ -17,5 +19,5 @@ setup(
             extra_compile_args=_FLAGS,
         )
         for name in ("_notify", "_cucalls", "_hostword", "_hotpath")
-    ]
+    ],
 )
