@@ -113,7 +113,7 @@ AcsType _acs_FinderType = {
 int _acs_finder_init(PyObject *module) {
     const AcsName names[] = {
         {&str_notifier, "notifier"},
-        {&str_serves, "_serves_running_loop"},
+        {&str_serves, "serves_running_loop"},
         {NULL, NULL},
     };
     if (_acs_intern(names) < 0) return -1;

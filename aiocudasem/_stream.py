@@ -40,12 +40,12 @@ from ._notifier import (
     current_notifier,
     destroy_stream,
     event_pool,
+    mark_coroutine_function,
     prepare_new_stream,
     prepare_stream,
     record_pooled,
     side_streams,
 )
-from ._private import mark_coroutine_function
 from ._timeline import enqueue_words
 
 if TYPE_CHECKING:

@@ -139,7 +139,7 @@ def test_a_loop_check_refuses_bad_arguments() -> None:
 
 class _Notifier:
     def __init__(self, serves: Any) -> None:
-        self._serves_running_loop = serves
+        self.serves_running_loop = serves
 
 
 def test_the_finder_returns_the_remembered_notifier_only_while_it_serves_the_loop() -> None:
@@ -319,10 +319,10 @@ async def test_the_running_notifier_is_found_by_the_c_finder() -> None:
     assert isinstance(current_notifier, _hotpath.Finder)
     n = current_notifier()
     assert current_notifier() is n
-    assert isinstance(n._serves_running_loop, _hotpath.LoopCheck)
-    assert n._serves_running_loop() is True
+    assert isinstance(n.serves_running_loop, _hotpath.LoopCheck)
+    assert n.serves_running_loop() is True
     ctx = contextvars.copy_context()
-    assert ctx.run(n._serves_running_loop) is True
+    assert ctx.run(n.serves_running_loop) is True
     await anyio.lowlevel.checkpoint()
 
 
@@ -448,10 +448,10 @@ def test_the_finder_and_check_keep_reference_counts_on_every_path() -> None:
             assert finder() is fallback  # a release waits
             deferred.clear()
             assert finder() is fallback  # remembered now
-            fallback._serves_running_loop = boom
+            fallback.serves_running_loop = boom
             with pytest.raises(KeyError):
                 finder()  # the check raises
-            fallback._serves_running_loop = check
+            fallback.serves_running_loop = check
             del finder
         assert [sys.getrefcount(o) for o in counted] == before
 
@@ -613,7 +613,7 @@ class _WaitNotifier:
         if checkpoint is not None:
             self.checkpoint = checkpoint
         self._tally = _hotpath.Tally()
-        self._serves_running_loop = lambda: True
+        self.serves_running_loop = lambda: True
 
 
 def _finder(n: _WaitNotifier) -> _hotpath.Finder:
@@ -959,7 +959,7 @@ def test_wait_complete_keeps_reference_counts_and_is_collected_in_a_cycle() -> N
 
 
 def test_a_trio_check_on_the_run_context_holds_only_in_its_own_run() -> None:
-    from aiocudasem._private import trio_run_context as _trio_run_context
+    from aiocudasem._notifier._loops._trio import trio_run_context as _trio_run_context
 
     def check_of_this_run() -> _hotpath.LoopCheck:
         token = trio.lowlevel.current_trio_token()
@@ -1024,11 +1024,11 @@ async def test_the_notifier_of_a_trio_run_checks_the_run_context(anyio_backend_n
     is exercised by every trio test); it still says no in a worker thread."""
     if anyio_backend_name != "trio":
         pytest.skip("trio's run context")
-    from aiocudasem._notifier._loop import current_notifier
-    from aiocudasem._private import trio_run_context as _trio_run_context
+    from aiocudasem._notifier import current_notifier
+    from aiocudasem._notifier._loops._trio import trio_run_context as _trio_run_context
 
     assert _trio_run_context(trio.lowlevel.current_trio_token()) is not None
-    check = current_notifier()._serves_running_loop
+    check = current_notifier().serves_running_loop
     assert check() is True
     assert await trio.to_thread.run_sync(check) is False
 
@@ -1929,10 +1929,10 @@ def test_wait_complete_keeps_its_notifier_s_kind_when_a_release_runs_another_wai
     class Notifier(_WaitNotifier):
         def __init__(self, checkpoint: Any = None, on_release: Any = None) -> None:
             super().__init__(checkpoint)
-            del self._serves_running_loop  # the method below: no cycle, released at once
+            del self.serves_running_loop  # the method below: no cycle, released at once
             self.on_release = on_release
 
-        def _serves_running_loop(self) -> bool:
+        def serves_running_loop(self) -> bool:
             return current[0] is self
 
         def __del__(self) -> None:

@@ -1,6 +1,6 @@
-"""The private state of other libraries that aiocudasem reads (see aiocudasem/_private.py):
-each test fails, naming the attribute, when a new Python, trio or anyio changes its shape, and
-the library is run on each fallback."""
+"""The private state of other libraries that aiocudasem reads, each in the adapter of its loop
+(aiocudasem/_notifier/_loops/): each test fails, naming the attribute, when a new Python, trio
+or anyio changes its shape, and the library is run on each fallback."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 import aiocudasem as acs
-from aiocudasem import _private
+from aiocudasem._notifier._loops import _asyncio
 from aiocudasem.lowlevel import statistics
 from aiocudasem.testing import SimDriver, import_sim_semaphore, workloads
 
@@ -34,7 +34,7 @@ def test_asyncio_get_running_loop_shape() -> None:
         )
 
     asyncio.run(inside())
-    assert _private.running_loop_getter() is get
+    assert _asyncio.running_loop_getter() is get
 
 
 def test_asyncio_ready_queue_shape() -> None:
@@ -44,10 +44,10 @@ def test_asyncio_ready_queue_shape() -> None:
             f"asyncio's BaseEventLoop._ready is no longer a deque on Python "
             f"{sys.version.split()[0]}: the spin falls back to yielding every time"
         )
-        assert _private.ready_queue_of(loop) is loop._ready  # type: ignore[attr-defined]
+        assert _asyncio.ready_queue_of(loop) is loop._ready  # type: ignore[attr-defined]
 
     asyncio.run(inside())
-    assert _private.ready_queue_of(object()) is None
+    assert _asyncio.ready_queue_of(object()) is None
 
 
 def test_asyncio_future_callbacks_shape() -> None:
@@ -71,10 +71,11 @@ def test_asyncio_future_callbacks_shape() -> None:
 
 def test_trio_run_context_shape() -> None:
     trio = pytest.importorskip("trio")
+    from aiocudasem._notifier._loops import _trio
 
     async def inside() -> None:
         token = trio.lowlevel.current_trio_token()
-        known = _private.trio_run_context(token)
+        known = _trio.trio_run_context(token)
         assert known is not None, (
             f"trio._core._run.GLOBAL_RUN_CONTEXT has another shape in trio {trio.__version__}: "
             "the loop check falls back to trio.lowlevel.current_trio_token()"
@@ -82,7 +83,7 @@ def test_trio_run_context_shape() -> None:
         context, runner = known
         assert isinstance(context, threading.local)
         assert runner.current_trio_token() is token  # type: ignore[attr-defined]
-        assert _private.trio_run_context(object()) is None
+        assert _trio.trio_run_context(object()) is None
 
     trio.run(inside)
 
@@ -100,7 +101,7 @@ def test_coroutine_function_marker() -> None:
 async def _exercise(sim: SimDriver, fallbacks: bool = False) -> None:
     """Short and parked waits of every path, and a crowd, on the running loop."""
     if fallbacks:
-        from aiocudasem._notifier._loop import current_notifier
+        from aiocudasem._notifier import current_notifier
 
         assert current_notifier().ready_queue is None  # the fallback's: none read
     work = workloads(sim)
@@ -126,14 +127,11 @@ async def test_the_library_runs_on_every_fallback(
 ) -> None:
     """With every private read replaced by its fallback, a fresh event loop (so a fresh
     notifier, which reads them once) runs short, parked and crowd waits."""
-    monkeypatch.setattr(_private, "running_loop_getter", lambda: _private._running_loop_or_none)
-    monkeypatch.setattr(_private, "ready_queue_of", lambda loop: None)
-    monkeypatch.setattr(_private, "trio_run_context", lambda token: None)
-    from aiocudasem._notifier import _loop
+    from aiocudasem._notifier._loops import _trio
 
-    monkeypatch.setattr(_loop, "running_loop_getter", _private.running_loop_getter)
-    monkeypatch.setattr(_loop, "ready_queue_of", _private.ready_queue_of)
-    monkeypatch.setattr(_loop, "trio_run_context", _private.trio_run_context)
+    monkeypatch.setattr(_asyncio, "running_loop_getter", lambda: _asyncio._running_loop_or_none)
+    monkeypatch.setattr(_asyncio, "ready_queue_of", lambda loop: None)
+    monkeypatch.setattr(_trio, "trio_run_context", lambda token: None)
     # The notifier that this test's loop found first was made with the real reads: run the
     # waits in a loop of their own, in a thread, so that its notifier reads the fallbacks.
     backend = anyio.lowlevel.current_token().backend_class.__module__.rsplit("_", 1)[-1]
@@ -150,4 +148,4 @@ def test_mark_coroutine_function_without_a_marker(monkeypatch: pytest.MonkeyPatc
     def fn() -> None:
         pass
 
-    assert _private.mark_coroutine_function(fn) is False
+    assert _asyncio.mark_coroutine_function(fn) is False

@@ -38,7 +38,7 @@ import anyio.abc
 import pytest
 
 import aiocudasem as acs
-from aiocudasem._notifier._loop import current_notifier
+from aiocudasem._notifier import current_notifier
 from aiocudasem.testing import SimDriver, workloads
 from tests.conftest import fd_targets, open_fds
 

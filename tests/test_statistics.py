@@ -12,7 +12,7 @@ import anyio.lowlevel
 import pytest
 
 import aiocudasem as acs
-from aiocudasem._notifier._loop import running_notifier
+from aiocudasem._notifier import running_notifier
 from aiocudasem._notifier._watchdog import _watchdog
 from aiocudasem.lowlevel import Statistics, statistics
 from aiocudasem.testing import SimDriver, hold

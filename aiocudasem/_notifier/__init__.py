@@ -33,7 +33,10 @@ parked coroutine sleeps, native to its loop), ``_loop`` (the :class:`Notifier`) 
 
 from __future__ import annotations
 
-from ._loop import Notifier, current_notifier, wait_private_stream
+from ._current import current_notifier, running_notifier, wait_private_stream
+from ._loop import Notifier
+from ._loops import LoopAdapter
+from ._loops._asyncio import mark_coroutine_function
 from ._points import History, Point
 from ._pools import destroy_stream, event_pool, host_wait_streams, record_pooled, side_streams
 from ._statistics import Statistics, statistics
@@ -42,6 +45,7 @@ from ._wake import prepare_new_stream, prepare_stream, reserve_host_wait_stream
 
 __all__ = (
     "History",
+    "LoopAdapter",
     "Notifier",
     "Point",
     "Statistics",
@@ -50,11 +54,13 @@ __all__ = (
     "current_notifier",
     "destroy_stream",
     "event_pool",
+    "mark_coroutine_function",
     "host_wait_streams",
     "prepare_new_stream",
     "prepare_stream",
     "record_pooled",
     "reserve_host_wait_stream",
+    "running_notifier",
     "side_streams",
     "statistics",
     "wait_private_stream",

@@ -6,29 +6,21 @@ from __future__ import annotations
 
 import collections
 import itertools
-import os
-import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
 
-try:  # trio needs it; asyncio alone does not (anyio then assumes asyncio, as here)
-    import sniffio
-except ImportError:  # pragma: no cover - the test environment has trio, hence sniffio
-    sniffio = None  # type: ignore[assignment]
-
-from .. import _hotpath, _log, _notify, _release
+from .. import _hotpath, _log, _notify
 from .._errors import AiocudasemError, DeviceFaultError
 from .._hotpath import in_park_order
-from .._private import ready_queue_of, running_loop_getter, trio_run_context
 from . import _tuning
+from ._loops import loop_adapter, never, wake
 from ._points import History, Point
-from ._pools import event_pool, give_back, host_wait_streams, record_pooled
-from ._sleepers import crowd_waker, fd_watcher, sleeper_factory, wake
+from ._pools import give_back
 from ._wake import STRATEGIES as _STRATEGIES
 from ._watchdog import _watchdog
 
@@ -36,38 +28,36 @@ if TYPE_CHECKING:
     from anyio.abc import AsyncBackend
 
     from .._driver import Driver
-    from ._sleepers import Sleeper
+    from ._loops import Sleeper
 
-__all__ = ("Notifier", "current_notifier", "running_notifier", "wait_private_stream")
+__all__ = ("Notifier",)
 
 
 class Notifier:
     """The per-loop half of the notifier: the C queue and fd, the armed points, the drainer."""
 
     def __init__(self, backend: type[AsyncBackend], token: object) -> None:
-        # The loop this notifier serves: its anyio backend, and a test that the running loop is
-        # still the one of ``token`` (the asyncio loop, the trio token), with which
-        # current_notifier() finds it again.
+        # The loop this notifier serves, through its adapter (see _loops): everything that
+        # differs between asyncio and trio. What an await reads is copied here, read once.
         self._backend = backend
-        library = _library()
-        self._serves_running_loop = _running_check(library, token)
-        #: The loop's checkpoint, looked up once: what anyio's backend runs for
-        #: anyio.lowlevel.checkpoint(), called directly (one coroutine frame less per yield).
-        self.checkpoint = _checkpoint_of(library, backend)
-        self._bare_yield = self.checkpoint is _notify.yield_once
+        self.loop = adapter = loop_adapter(backend, token)
+        #: Whether the running loop is still the one this notifier serves: how
+        #: current_notifier() finds it again (``_hotpath.Finder`` calls it on every await).
+        self.serves_running_loop = adapter.serves_running_loop
+        #: The loop's checkpoint, called directly (one coroutine frame less per yield).
+        self.checkpoint = adapter.checkpoint
+        self._bare_yield = adapter.bare_yield
         #: asyncio's queue of ready callbacks, where the loop has one to read (not uvloop): a
         #: spin on asyncio queries again without yielding while it is empty (see
         #: ``_hotpath.spin_recorded``).
-        self.ready_queue = ready_queue_of(token) if self._bare_yield else None
-        #: Makes the sleeper of one parked coroutine, native to the loop (see _sleepers).
-        self._new_sleeper = sleeper_factory(library, backend, token)
-        #: Wakes the sleepers of a list, in order, skipping those done (see _sleepers).
-        self._wake_crowd = crowd_waker(library, token)
+        self.ready_queue = adapter.ready_queue
+        self._new_sleeper = adapter.new_sleeper
+        self._wake_crowd = adapter.wake_crowd
         self._c = _notify.Notifier()
         self._fd = self._c.fileno()
         # Watches the fd while no coroutine of the loop is parked and host functions are still
-        # armed (abandoned waits'), so that they are collected when they fire (see _sleepers).
-        self._fd_watcher = fd_watcher(library, token, self._fd, self._on_fd_readable)
+        # armed (abandoned waits'), so that they are collected when they fire.
+        self._fd_watcher = adapter.fd_watcher(self._fd, self._on_fd_readable)
         self._tokens = itertools.count(1)
         self._armed: dict[int, Point] = {}  # token -> the point its host function follows
         # Parked points per work stream. Only the oldest of each has a host function: streams
@@ -179,7 +169,9 @@ class Notifier:
         if self.closed:
             return
         self.closed = True
-        self._serves_running_loop = _never  # drops the token: the finished loop is not kept
+        self.serves_running_loop = never  # drops the token: the finished loop is not kept
+        self.ready_queue = None
+        self.loop.forget()
         if self._fd_watcher is not None:
             self._fd_watcher.stop()  # before the fd closes
         _live_notifiers.discard(self)
@@ -763,6 +755,11 @@ def _busy_elsewhere() -> anyio.BusyResourceError:
     return exc
 
 
+_live_notifiers: weakref.WeakSet[Notifier] = weakref.WeakSet()
+
+_HISTORY_LIMIT = 4096  # wait histories of handles without a Stream that a notifier keeps
+
+
 async def _lifetime(ref: weakref.ref[Notifier]) -> AsyncGenerator[None, None]:
     try:
         yield
@@ -770,169 +767,3 @@ async def _lifetime(ref: weakref.ref[Notifier]) -> AsyncGenerator[None, None]:
         notifier = ref()
         if notifier is not None:
             notifier.close()
-
-
-_live_notifiers: weakref.WeakSet[Notifier] = weakref.WeakSet()
-
-_NOTIFIER: anyio.lowlevel.RunVar[Notifier] = anyio.lowlevel.RunVar("aiocudasem_notifier")
-
-
-async def wait_private_stream(
-    driver: Driver, device: int, enqueue: Callable[[int], object], key: object = None
-) -> None:
-    """Take a private stream of ``device`` (the host-wait pool), let ``enqueue(stream)`` put
-    GPU work or waits on it, and wait until the stream has passed them. A checkpoint. Used by
-    host-side semaphore waits, interprocess events and ``ready()``.
-
-    A stream whose wait completed goes back to the pool. One whose wait was cancelled or
-    failed may stay blocked: it is parked until the driver reports it idle, with its side
-    stream and the host function already queued there, rather than destroyed, since the next
-    wait would otherwise create two streams (see ``_HostWaitStreams``). ``key``, hashable:
-    what the wait waits for, if a later wait with an equal key may go behind this one's
-    abandoned GPU wait (it waits for no less). A cancelled wait with a key leaves its stream
-    to such a retry, which then enqueues behind it and shares its host function."""
-    await anyio.lowlevel.checkpoint_if_cancelled()
-    notifier = current_notifier()
-    stream = host_wait_streams.take(driver, device, key)
-    try:
-        enqueue(stream)
-        pool = event_pool.free_list(driver, device)
-        event = record_pooled(driver, device, pool, stream)
-        history = notifier.history(driver, stream)
-        await notifier.wait(Point(driver, device, stream, event, pool, history))
-    except BaseException as exc:
-        # Only a cancelled wait's GPU wait is worth a retry's sharing: a failed one's stream
-        # may belong to a faulted device, which the next look finds and destroys.
-        cancelled = isinstance(exc, anyio.get_cancelled_exc_class())
-        host_wait_streams.park(driver, device, stream, key if cancelled else None)
-        raise
-    host_wait_streams.give(driver, device, stream)
-    host_wait_streams.sweep(driver, device)
-
-
-def running_notifier() -> Notifier | None:
-    """The running event loop's notifier if it has an open one, else None (also outside a
-    running loop). Creates nothing."""
-    try:
-        n = _NOTIFIER.get(None)
-    except RuntimeError:  # no event loop is running in this thread
-        return None
-    return None if n is None or n.closed else n
-
-
-class _Here(threading.local):
-    #: The notifier this thread used last: found again without anyio's backend lookup.
-    notifier: Notifier | None = None
-
-
-_here = _Here()
-_deferred = _release._deferred  # releases that wait for a loop to run them (see _release)
-
-
-def _find_notifier() -> Notifier:
-    """:func:`current_notifier` the long way: after deferred releases, through anyio."""
-    if _deferred:
-        _release.flush()
-    n = _here.notifier
-    if n is not None and n._serves_running_loop():
-        return n
-    # anyio finds the running backend with sniffio on every call (about 0.5 us, and every
-    # anyio.lowlevel.checkpoint() or anyio.Event() makes one): a notifier looks its backend up
-    # once and calls it directly (the public anyio.abc.AsyncBackend interface).
-    found = anyio.lowlevel.current_token()
-    backend, token = found.backend_class, found.native_token
-    try:
-        n = _NOTIFIER.get()
-        if n.closed:
-            n = None
-    except LookupError:
-        n = None
-    if n is None:
-        n = Notifier(backend, token)
-        n._bind_to_loop()
-        _NOTIFIER.set(n)
-    _here.notifier = n
-    return n
-
-
-#: current_notifier() -> Notifier: the notifier of the running event loop, created on first use
-#: and closed when the loop ends. In C, as Finder: the notifier this thread used last
-#: (``_here.notifier``), if no release waits for a loop and it still serves the running loop;
-#: else _find_notifier(). It holds these three objects from import on: replacing the module's
-#: names later does not reach it.
-current_notifier: Callable[[], Notifier] = _hotpath.Finder(_here, _deferred, _find_notifier)
-
-
-# ---------------------------------------------------------------- the loop, cheaply
-#
-# Every await needs the running loop's notifier and its checkpoint. anyio finds the backend
-# with sniffio on every call (about 0.5 us); these find the loop that a notifier serves, and
-# its checkpoint, once.
-
-
-def _library() -> str | None:
-    """The running async library's name, as anyio detects it."""
-    if sniffio is None:
-        return "asyncio"
-    try:
-        return sniffio.current_async_library()
-    except sniffio.AsyncLibraryNotFoundError:
-        return None
-
-
-_HISTORY_LIMIT = 4096  # wait histories of handles without a Stream that a notifier keeps
-
-
-def _never() -> bool:
-    return False
-
-
-def _running_check(library: str | None, token: object) -> Callable[[], bool]:
-    """A test that the running loop is still the one of ``token``, at least as strict as
-    sniffio's: a trio run sets sniffio's thread-local name (also as a guest on another loop), so
-    an asyncio loop counts only while that name is unset and sniffio's context variable names
-    asyncio or nothing (anyio.run sets it); anything else fails the test, and current_notifier()
-    then asks anyio. The test runs on every await: it is C (``_hotpath.LoopCheck``)."""
-    if library == "asyncio":
-        get_loop = running_loop_getter()
-        if sniffio is None:
-            return _hotpath.LoopCheck("asyncio", token, get_loop, None, None)
-        local, cvar = sniffio.thread_local, sniffio.current_async_library_cvar
-        return _hotpath.LoopCheck("asyncio", token, get_loop, local, cvar)
-    if library == "trio" and sniffio is not None:
-        import trio
-
-        local, probe = sniffio.thread_local, trio.lowlevel.current_trio_token
-        known = trio_run_context(token)
-        if known is None:
-            return _hotpath.LoopCheck("trio", token, probe, local, None)
-        context, runner = known
-        return _hotpath.LoopCheck("trio", token, probe, local, None, context=context, runner=runner)
-    return _never
-
-
-def _checkpoint_of(
-    library: str | None, backend: type[AsyncBackend]
-) -> Callable[[], Awaitable[Any]]:
-    """The backend's checkpoint, called natively where it is known to be exactly what anyio's
-    runs (asyncio: the bare ``yield`` of ``asyncio.sleep(0)``, here from C, with no coroutine
-    or generator for the garbage collector to track; trio: ``trio.lowlevel.checkpoint()``)."""
-    if library == "asyncio":
-        return _notify.yield_once
-    if library == "trio":
-        import trio
-
-        return trio.lowlevel.checkpoint
-    return backend.checkpoint
-
-
-def _after_fork_in_child() -> None:
-    """CUDA cannot be used in a forked child. The drivers refuse every call (see
-    ``_driver``), the pools forget the parent's handles (see ``_pools``) and the watchdog its
-    threads (see ``_watchdog``); here loops that were parked in the parent are woken so that
-    their waiters fail with the driver's error instead of hanging."""
-    for n in list(_live_notifiers):
-        n._fault_detected()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from .._driver import Driver
     from .._errors import AiocudasemError
     from ._loop import Notifier
-    from ._sleepers import Sleeper
+    from ._loops import Sleeper
 
 __all__ = ("History", "Point")
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import _log
-from ._loop import _live_notifiers, running_notifier
+from ._current import running_notifier
+from ._loop import _live_notifiers
 from ._pools import event_pool, side_streams
 from ._watchdog import _watchdog
 

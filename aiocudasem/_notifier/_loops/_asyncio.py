@@ -1,0 +1,168 @@
+"""The adapter of asyncio's event loops: the standard library's, uvloop's and any other that
+implements asyncio's loop interface.
+
+- Checkpoint: the bare ``yield`` of ``asyncio.sleep(0)``, from C (``_notify.yield_once``), with
+  no coroutine or generator for the garbage collector to track.
+- Sleeper: a future of the loop. Awaiting it resumes no Python frame; a cancelled task cancels
+  the future it awaits.
+- Crowd wake: ``set_result()`` on each future would make a handle of the loop per task (about
+  1-1.5 us each on an H200 host), all before the first coroutine resumes. Instead one callback
+  of the loop, ``_hotpath.wake_in_turn()``, takes each future in turn: it marks it done, as
+  ``set_result()`` does, with its callbacks taken off, and runs its task's wake-up at once. The
+  futures stay the loop's own, so what looks at a task's future (anyio's cancel scopes,
+  ``Task.cancel()``) sees what it would with ``set_result()``.
+- Fd watcher: a reader of the loop (``add_reader``), level-triggered.
+- Running check: C (``_hotpath.LoopCheck``), on the running-loop getter below and sniffio's
+  thread-local name and context variable, so that an asyncio loop counts only while no trio
+  run (a guest one included) claims the thread.
+
+The private state read here, each with its public fallback (a new Python makes the library
+slower, never wrong; ``tests/test_private_shapes.py`` names the attribute when a shape
+changes):
+
+- ``asyncio.events._get_running_loop``: the running loop, without an exception when there is
+  none. Fallback: ``asyncio.get_running_loop()`` in a ``try``.
+- ``BaseEventLoop._ready``: whether the loop has other callbacks ready. Fallback: none read,
+  and a spin always yields.
+- ``asyncio.Future._callbacks``, read by ``_hotpath.wake_in_turn()`` in C. Fallback:
+  ``set_result()``.
+- ``asyncio.coroutines._is_coroutine``, on Python 3.11 only: marking ``Stream.wait_complete``
+  as a coroutine function. Fallback: unmarked, and only ``asyncio.iscoroutinefunction()``
+  answers False.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ... import _hotpath, _notify
+from . import LoopAdapter, Sleeper, never
+
+try:  # see the package: asyncio alone does not need it
+    import sniffio
+except ImportError:  # pragma: no cover - the test environment has trio, hence sniffio
+    sniffio = None  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    from anyio.abc import AsyncBackend
+
+__all__ = (
+    "AsyncioLoop",
+    "mark_coroutine_function",
+    "ready_queue_of",
+    "running_loop_getter",
+)
+
+
+class AsyncioLoop(LoopAdapter):
+    """Any asyncio event loop; ``token`` is the loop."""
+
+    name = "asyncio"
+
+    def __init__(self, backend: type[AsyncBackend], token: Any) -> None:
+        self._loop = token
+        self.checkpoint = _notify.yield_once
+        self.bare_yield = True
+        self.ready_queue = ready_queue_of(token)
+        self.new_sleeper = token.create_future
+        call_soon = token.call_soon
+
+        def wake_crowd(sleepers: list[Sleeper]) -> None:
+            if sleepers:
+                call_soon(_hotpath.wake_in_turn, sleepers)
+
+        self.wake_crowd = wake_crowd
+        get_loop = running_loop_getter()
+        if sniffio is None:
+            self.serves_running_loop = _hotpath.LoopCheck("asyncio", token, get_loop, None, None)
+        else:
+            local, cvar = sniffio.thread_local, sniffio.current_async_library_cvar
+            self.serves_running_loop = _hotpath.LoopCheck("asyncio", token, get_loop, local, cvar)
+
+    def fd_watcher(self, fd: int, on_readable: Callable[[], bool]) -> _ReaderWatcher | None:
+        if not callable(getattr(self._loop, "add_reader", None)):
+            return None
+        return _ReaderWatcher(self._loop, fd, on_readable)
+
+    def forget(self) -> None:
+        self.serves_running_loop = never
+        self.ready_queue = None
+
+
+class _ReaderWatcher:
+    """A reader of the loop, level-triggered, as long as it is wanted."""
+
+    __slots__ = ("_fd", "_loop", "_on", "_on_readable")
+
+    def __init__(self, loop: Any, fd: int, on_readable: Callable[[], bool]) -> None:
+        self._loop = loop
+        self._fd = fd
+        self._on_readable = on_readable
+        self._on = False
+
+    def start(self) -> None:
+        if not self._on:
+            try:
+                self._loop.add_reader(self._fd, self._ready)
+            except (NotImplementedError, RuntimeError):  # no readers here, or a closed loop
+                return
+            self._on = True
+
+    def stop(self) -> None:
+        if self._on:
+            self._on = False
+            try:
+                self._loop.remove_reader(self._fd)
+            except (RuntimeError, ValueError, OSError):  # the loop is closed already
+                pass
+
+    def _ready(self) -> None:
+        if not self._on_readable():
+            self.stop()
+
+
+# ---------------------------------------------------------------- asyncio's private state
+
+
+def running_loop_getter() -> Callable[[], asyncio.AbstractEventLoop | None]:
+    """A function that returns the running asyncio loop of this thread, or None."""
+    get = getattr(asyncio.events, "_get_running_loop", None)
+    if callable(get):
+        return get  # type: ignore[no-any-return]
+    return _running_loop_or_none
+
+
+def _running_loop_or_none() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def ready_queue_of(loop: object) -> collections.deque[Any] | None:
+    """The ready callbacks of an asyncio loop of the standard library's kind
+    (``BaseEventLoop._ready``, the queue that each pass of the loop runs), or None (uvloop,
+    another loop, another shape)."""
+    ready = getattr(loop, "_ready", None)
+    return ready if type(ready) is collections.deque else None
+
+
+def mark_coroutine_function(fn: Callable[..., Any]) -> bool:
+    """Mark ``fn``, a function that returns a coroutine, as a coroutine function for
+    ``inspect`` and ``asyncio`` (and ``unittest.mock``). False if this Python offers no way."""
+    mark = getattr(inspect, "markcoroutinefunction", None)
+    if mark is not None:  # Python 3.12: inspect and asyncio both read its marker
+        mark(fn)
+        return True
+    # Python 3.11: asyncio.iscoroutinefunction() reads this marker.
+    import asyncio.coroutines
+
+    marker = getattr(asyncio.coroutines, "_is_coroutine", None)
+    if marker is None:
+        return False
+    fn._is_coroutine = marker  # type: ignore[attr-defined]
+    return True
