@@ -25,10 +25,12 @@ There is one :class:`Notifier` per event-loop run (an anyio ``RunVar``), with on
 closed when its loop ends (through the loop's async-generator finalization, which asyncio,
 uvloop and trio all run at shutdown), not by the garbage collector.
 
-The modules, each importing only those before it: ``_tuning`` (settings), ``_pools`` (events,
-side streams), ``_points``, ``_wake`` (wake strategies), ``_watchdog``, ``_sleepers`` (how a
-parked coroutine sleeps, native to its loop), ``_loop`` (the :class:`Notifier`) and
-``_statistics``.
+The modules, each importing only those before it (import-linter's ``notifier`` contract in
+``pyproject.toml``): ``_tuning`` (settings), ``_pools`` (events, side streams), ``_points``,
+``_wake`` (wake strategies), ``_watchdog``, ``_loops`` (the event-loop seam: one adapter per
+kind of loop) and ``_chains`` (host functions and their chains), ``_parking`` (sleepers and the
+drainer), ``_loop`` (the :class:`Notifier`: waits, counters, lifetime), ``_current``
+(:func:`current_notifier`, private-stream waits) and ``_statistics``.
 """
 
 from __future__ import annotations

@@ -1,46 +1,43 @@
-"""The per-loop half of the notifier: one :class:`Notifier` per event-loop run (spin, park,
-chains, the drainer, the fault flag), :func:`current_notifier`, and the async generator that
-closes a notifier when its loop ends."""
+"""The notifier of one event-loop run: :class:`Notifier` (its waits, its counters and its
+lifetime, on the parking and chain layers of ``_parking`` and ``_chains``), and the async
+generator that closes it when its loop ends."""
 
 from __future__ import annotations
 
-import collections
-import itertools
 import time
 import weakref
 from collections.abc import AsyncGenerator, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import anyio.lowlevel
 
-from .. import _hotpath, _log, _notify
-from .._errors import AiocudasemError, DeviceFaultError
-from .._hotpath import in_park_order
+from .. import _hotpath
 from . import _tuning
+from ._chains import busy_elsewhere
 from ._loops import loop_adapter, never, wake
+from ._parking import Parking
 from ._points import History, Point
 from ._pools import give_back
-from ._wake import STRATEGIES as _STRATEGIES
 from ._watchdog import _watchdog
 
 if TYPE_CHECKING:
     from anyio.abc import AsyncBackend
 
     from .._driver import Driver
-    from ._loops import Sleeper
 
 __all__ = ("Notifier",)
 
 
-class Notifier:
-    """The per-loop half of the notifier: the C queue and fd, the armed points, the drainer."""
+class Notifier(Parking):
+    """The notifier of one event-loop run: its adapter, the waits (spin, arm, park), the
+    counters, and its lifetime. The layers below it: :class:`~._parking.Parking` (sleepers,
+    the drainer) on :class:`~._chains.Chains` (host functions, chains, faults)."""
 
     def __init__(self, backend: type[AsyncBackend], token: object) -> None:
         # The loop this notifier serves, through its adapter (see _loops): everything that
         # differs between asyncio and trio. What an await reads is copied here, read once.
-        self._backend = backend
         self.loop = adapter = loop_adapter(backend, token)
+        super().__init__(backend, adapter)
         #: Whether the running loop is still the one this notifier serves: how
         #: current_notifier() finds it again (``_hotpath.Finder`` calls it on every await).
         self.serves_running_loop = adapter.serves_running_loop
@@ -51,59 +48,16 @@ class Notifier:
         #: spin on asyncio queries again without yielding while it is empty (see
         #: ``_hotpath.spin_recorded``).
         self.ready_queue = adapter.ready_queue
-        self._new_sleeper = adapter.new_sleeper
-        self._wake_crowd = adapter.wake_crowd
-        self._c = _notify.Notifier()
-        self._fd = self._c.fileno()
-        # Watches the fd while no coroutine of the loop is parked and host functions are still
-        # armed (abandoned waits'), so that they are collected when they fire.
-        self._fd_watcher = adapter.fd_watcher(self._fd, self._on_fd_readable)
-        self._tokens = itertools.count(1)
-        self._armed: dict[int, Point] = {}  # token -> the point its host function follows
-        # Parked points per work stream. Only the oldest of each has a host function: streams
-        # are FIFO, so when it fires the others are checked with a query, and a crowd of
-        # waiters on one stream costs one host function, not one each.
-        self._chains: dict[tuple[Driver, int], dict[Point, None]] = {}
-        self._heads: dict[tuple[Driver, int], Point] = {}  # the chain's armed point
-        # The points that coroutines of this loop sleep on, oldest first, and how many sleep on
-        # each: a point's device is watched while it has sleepers, and _hand_off() finds a
-        # sleeper here. Kept per point, not per coroutine, so that finishing a point settles
-        # the accounts of all its sleepers at once and a woken crowd leaves cheaply.
-        self._sleeping: dict[Point, int] = {}
-        self._asleep = 0  # coroutines inside _park(), the drainer included
-        self._park_order = itertools.count()  # each sleeper's place in the order of parking
-        # The sleepers of parked coroutines with their points, in the order in which they
-        # parked, some of them out of the running already (the sleeper done: woken or
-        # cancelled; or its point finished, its crowd about to be woken): where _hand_off()
-        # looks for an heir. Each leaves it once, from the front when _hand_off() passes it,
-        # or in a compaction once most of it is out, so that a crowd leaving at once costs
-        # each coroutine O(1), however many of the others were cancelled with it.
-        self._candidates: collections.deque[tuple[Sleeper, Point]] = collections.deque()
-        # While _complete() runs: the sleepers of the points it finished, woken at its end,
-        # in the order in which they parked (see _complete()).
-        self._waking: list[dict[Sleeper, int]] | None = None
-        self._draining = False
-        self._drain_point: Point | None = None
-        self._drain_scope: anyio.CancelScope | None = None
-        # The sleeper that _hand_off() woke to take over the drainer role, until its coroutine
-        # runs: until then nobody else is woken for the role.
-        self._heir: Sleeper | None = None
         self._spinners = 0
         # Wait histories of the streams that have no Stream object to keep one: the library's
         # private streams, and the keys of foreign events.
         self._histories: dict[tuple[int, int], History] = {}  # (id(driver), stream) ->
-        self._watched: dict[tuple[Driver, int], int] = {}  # devices of parked points -> count
-        self._check = False  # set by the watchdog thread: a device parked on has faulted
-        self._wakeups = 0  # times the loop woke from the fd: its drainer, or the fd watcher
         # Awaits of this loop that returned normally, one per coroutine: those that C counts
         # (``_hotpath.wait_complete``) and those that Python counts, in a plain int (an
         # attribute of the C counter costs Python three times as much to add to).
         self._tally = _hotpath.Tally()
         self._completed_here = 0
-        self._faulted = 0  # points of this loop failed by a device fault
         self._lifetime: AsyncGenerator[None, None] | None = None
-        self.closed = False
-        self._ref = weakref.ref(self)
         _live_notifiers.add(self)
 
     def fileno(self) -> int:
@@ -198,12 +152,6 @@ class Notifier:
             if self._drain_scope is not None:
                 self._drain_scope.cancel()
             self._c.close()
-
-    def _fault_detected(self) -> None:
-        """From the watchdog thread (or the fork handler): a device that coroutines here are
-        parked on has faulted. Flag it and wake the loop; its drainer does the rest."""
-        self._check = True
-        self._c.kick()
 
     # ------------------------------------------------------------------ waiting
 
@@ -318,7 +266,7 @@ class Notifier:
     async def _wait(self, point: Point) -> None:
         if not point.done and not self._may_own(point):
             await self._backend.checkpoint_if_cancelled()
-            raise _busy_elsewhere()
+            raise busy_elsewhere()
         # Each path below passes a full checkpoint (the first one, the spin loop's or the
         # park's), so there is no separate cancellation check up front.
         point.waiting += 1
@@ -359,161 +307,6 @@ class Notifier:
             # captured it), and nobody will query an abandoned pooled point: give it back now
             # rather than when (or if) the host function fires.
             point._release_event()
-
-    def _finish(self, point: Point, error: AiocudasemError | None) -> None:
-        fault = None
-        if not point.done and isinstance(error, DeviceFaultError):
-            self._faulted += 1
-            fault = error
-        if self._sleeping.pop(point, 0):
-            self._unwatch(point)  # the accounts of all its sleepers, which need not come back
-        sleepers = point._finish(error)
-        if sleepers:
-            if self._waking is not None:
-                self._waking.append(sleepers)
-            else:
-                wake(sleepers)
-        if point is self._drain_point and self._drain_scope is not None:
-            # The drainer sleeps on the fd, not on its sleeper: wake it so that it can leave.
-            self._drain_scope.cancel()
-        if fault is not None:  # after the wake-ups, as the watchdog does
-            _log.device_fault(point.driver, point.device, fault)
-
-    def _query(self, point: Point) -> bool:
-        try:
-            ready = point.driver.event_query(point.event)
-        except AiocudasemError as exc:
-            self._finish(point, exc)
-            return True
-        if ready:
-            self._succeed(point)
-        return ready
-
-    def _succeed(self, point: Point) -> None:
-        """``point``'s work completed: remember how long it took, and finish it."""
-        point.history.learn(time.perf_counter() - point.started)
-        self._finish(point, None)
-
-    def history(self, driver: Driver, stream: int) -> History:
-        """The wait history of ``stream``, a stream handle (or a foreign event's key) that has
-        no :class:`~aiocudasem.Stream` to keep one."""
-        key = (id(driver), stream)
-        h = self._histories.get(key)
-        if h is None:
-            if len(self._histories) >= _HISTORY_LIMIT:
-                self._histories.clear()
-            h = self._histories[key] = History()
-        return h
-
-    async def _spin(self, point: Point) -> None:
-        """Called once the first query found ``point`` pending: query it between checkpoints
-        for a while if this stream's waits tend to be short, and not more than
-        ``max_spinners`` coroutines at a time."""
-        window = point.history.spin_window()
-        if window <= 0 or not self.may_spin():
-            return
-        deadline = point.started + window
-        checkpoint, query, clock = self.checkpoint, self._query, time.perf_counter
-        self._spinners += 1
-        try:
-            while True:
-                await checkpoint()
-                if point.done or query(point) or clock() >= deadline:
-                    return
-        finally:
-            self._spinners -= 1
-
-    def _may_own(self, point: Point) -> bool:
-        """Whether this loop may arm and park on ``point``: no other open loop's notifier
-        has it. One whose loop has ended loses it here, and so does one that nobody there
-        waits for any more whose host function has fired already (its loop has not collected
-        it yet: busy, or not running): the work is complete, and a query here sees it."""
-        ref = point.owner
-        if ref is None or ref is self._ref:
-            return True
-        owner = ref()
-        if (
-            owner is not None
-            and not owner.closed
-            and not (point.waiting == 0 and point.token and owner._c.fired(point.token))
-        ):
-            return False
-        # The other loop's records of it (its chain, its armed token) stay: when it collects
-        # the token it finds the point no longer its own and leaves it alone.
-        point.owner = None
-        point.token = 0
-        return True
-
-    def _arm(self, point: Point) -> None:
-        """Make sure ``point`` will be woken: join its stream's chain, and launch a host
-        function for it if the chain has none outstanding. Raises ``BusyResourceError`` if
-        another loop armed it meanwhile (``wait()`` checks first, but a wait that spins or
-        passes a checkpoint before it arms can meet a loop that armed it in between): parked
-        here, this loop's coroutines would wait for a host function that reports to the
-        other loop, and that loop would wake them from its own thread."""
-        if point.done:
-            return
-        if not self._may_own(point):
-            raise _busy_elsewhere()
-        if point.token:
-            return
-        if self.closed:
-            raise anyio.ClosedResourceError("the event loop's notifier is closed")
-        point.owner = self._ref
-        key = (point.driver, point.stream)
-        chain = self._chains.get(key)
-        if chain is None:
-            chain = self._chains[key] = {}
-        chain[point] = None
-        if key not in self._heads:
-            self._launch(point)
-
-    def _launch(self, point: Point) -> None:
-        drv = point.driver
-        token = next(self._tokens)
-        user = self._c.arm(token)
-        try:
-            # The wake strategy in force (see _wake) enqueues the host function; a foreign
-            # event's point (a negative stream key, see _foreign) has no work stream to launch
-            # it on, so it always takes the side stream.
-            wake = _tuning.current.wake if point.stream >= 0 else "side_stream"
-            _STRATEGIES[wake].launch(drv, point.device, point.stream, point.event, user)
-        except AiocudasemError as exc:
-            self._c.disarm(user)
-            self._unchain(point)
-            self._finish(point, exc)
-            self._advance((drv, point.stream))  # the others still need a host function
-            return
-        except BaseException:
-            # Not the driver's refusal (KeyboardInterrupt, say): the host function may have
-            # been enqueued already, and freeing its node would let it write freed memory.
-            # Leave the node armed; at worst it leaks.
-            raise
-        point.token = token
-        self._armed[token] = point
-        self._heads[(drv, point.stream)] = point
-
-    def _unchain(self, point: Point) -> None:
-        key = (point.driver, point.stream)
-        chain = self._chains.get(key)
-        if chain is not None:
-            chain.pop(point, None)
-            if not chain:
-                del self._chains[key]
-
-    def _advance(self, key: tuple[Driver, int]) -> None:
-        """The chain's host function fired: finish every point that is done, and give the
-        oldest remaining one the next host function."""
-        chain = self._chains.get(key)
-        if chain is None or key in self._heads:
-            return
-        remaining = [p for p in chain if not p.done and not self._query(p)]
-        if not remaining:
-            self._chains.pop(key, None)
-            return
-        remaining.sort(key=lambda p: p.seq)
-        self._chains[key] = dict.fromkeys(remaining)
-        self._launch(remaining[0])
 
     async def _park(self, point: Point, joined: bool = False) -> None:
         """Sleep until ``point`` is done, as the loop's drainer whenever nobody else is.
@@ -599,160 +392,34 @@ class Notifier:
                 point._raise_if_failed()
             self._completed_here += 1
 
-    async def _drain(self, point: Point) -> None:
-        """Be the drainer until ``point`` is done: sleep on the fd, deliver completions."""
-        self._draining = True
-        self._drain_point = point
-        self._stop_fd_watch()  # the fd is the drainer's now
-        try:
-            while not point.done and not self.closed:
-                with anyio.CancelScope() as scope:
-                    self._drain_scope = scope
-                    if not self._check:
-                        await self._backend.wait_readable(self._fd)
-                        self._wakeups += 1
-                self._drain_scope = None
-                self._collect()
-        finally:
-            self._draining = False
-            self._drain_point = None
-            self._drain_scope = None
+    def history(self, driver: Driver, stream: int) -> History:
+        """The wait history of ``stream``, a stream handle (or a foreign event's key) that has
+        no :class:`~aiocudasem.Stream` to keep one."""
+        key = (id(driver), stream)
+        h = self._histories.get(key)
+        if h is None:
+            if len(self._histories) >= _HISTORY_LIMIT:
+                self._histories.clear()
+            h = self._histories[key] = History()
+        return h
 
-    def _collect(self) -> None:
-        """Deliver queued completions, and run the fault check if the watchdog asked for it.
-        Non-blocking."""
-        if self.closed:
+    async def _spin(self, point: Point) -> None:
+        """Called once the first query found ``point`` pending: query it between checkpoints
+        for a while if this stream's waits tend to be short, and not more than
+        ``max_spinners`` coroutines at a time."""
+        window = point.history.spin_window()
+        if window <= 0 or not self.may_spin():
             return
-        tokens = self._c.drain()
-        if tokens:
-            self._complete(tokens)
-        if self._check:
-            self._check = False
-            self._check_faults()
-
-    def _hand_off(self) -> None:
-        """Wake one sleeper so that its coroutine becomes the drainer, unless one woken for
-        that has not run yet: a crowd leaving at once wakes one heir, not one each."""
-        if self._heir is not None:
-            return
-        candidates = self._candidates
-        while candidates:
-            s, point = candidates.popleft()
-            # Not woken already, nor cancelled, and not in a finished crowd, whose wake-up
-            # may still be on its way (see _complete()).
-            if not s.done() and not point.done:
-                s.set_result(None)
-                self._heir = s
-                return
-
-    def _candidate(self, sleeper: Sleeper, point: Point) -> None:
-        """``sleeper``'s coroutine parks on ``point``: it may be handed the drainer role."""
-        candidates = self._candidates
-        candidates.append((sleeper, point))
-        if len(candidates) > 2 * self._asleep + 64:
-            # Mostly out of the running (a crowd woken while the drainer stays): drop those, in
-            # O(len) once per as many parks, so that it stays within twice the parked.
-            self._candidates = collections.deque(
-                c for c in candidates if not c[0].done() and not c[1].done
-            )
-
-    def _start_fd_watch(self) -> None:
-        if self._fd_watcher is not None:
-            self._fd_watcher.start()
-
-    def _stop_fd_watch(self) -> None:
-        if self._fd_watcher is not None:
-            self._fd_watcher.stop()
-
-    def _on_fd_readable(self) -> bool:
-        """The fd watcher saw the fd readable: collect what fired. Returns whether to keep
-        watching: while host functions are armed and no drainer has the fd."""
-        if self.closed:
-            return False
-        self._wakeups += 1
-        self._collect()
-        return bool(self._armed) and not self._draining
-
-    def _complete(self, tokens: list[int]) -> None:
-        """Finish the points whose host functions fired, and those behind them in their
-        chains that are done too; then wake their sleepers."""
-        armed = self._armed
-        waking: list[dict[Sleeper, int]] = []
-        self._waking = waking  # nothing below delivers completions: no nested _complete()
+        deadline = point.started + window
+        checkpoint, query, clock = self.checkpoint, self._query, time.perf_counter
+        self._spinners += 1
         try:
-            for token in tokens:
-                point = armed.pop(token, None)
-                if point is not None:
-                    key = (point.driver, point.stream)
-                    if self._heads.get(key) is point:
-                        del self._heads[key]
-                    if point.token == token:  # not taken over by another loop (_may_own)
-                        point.token = 0
-                        if not point.done:
-                            self._succeed(point)
-                    self._advance(key)
+            while True:
+                await checkpoint()
+                if point.done or query(point) or clock() >= deadline:
+                    return
         finally:
-            self._waking = None
-            if waking:
-                # In the order in which they parked: the order the loop then resumes them in,
-                # and a crowd's coroutines were mostly created, and so laid out in memory, in
-                # that order too. Point by point, a crowd of 10,000 coroutines dealt
-                # round-robin over 64 streams resumes in strides of 64 through memory, and
-                # each resume costs up to twice as much (measured on a development machine).
-                self._wake_crowd(in_park_order(waking))
-
-    def _watch(self, point: Point) -> None:
-        key = (point.driver, point.device)
-        n = self._watched.get(key, 0)
-        self._watched[key] = n + 1
-        if n == 0:
-            _watchdog.add(self, key)
-
-    def _unwatch(self, point: Point) -> None:
-        key = (point.driver, point.device)
-        n = self._watched.get(key, 0) - 1
-        if n > 0:
-            self._watched[key] = n
-        elif n == 0:
-            del self._watched[key]
-            _watchdog.remove(self, key)
-
-    def _check_faults(self) -> None:
-        """Fail every chain whose device reports a sticky error (or can no longer be used)."""
-        checked: dict[tuple[int, int], AiocudasemError | None] = {}
-        for key, chain in list(self._chains.items()):
-            if not chain:
-                continue
-            head = next(iter(chain))
-            dev = (id(head.driver), head.device)
-            if dev not in checked:
-                try:
-                    head.driver.check_health(head.device)
-                    checked[dev] = None
-                except AiocudasemError as exc:
-                    checked[dev] = exc
-            err = checked[dev]
-            if err is None:
-                continue
-            # The host functions will never run: drop the chain. Their C nodes are leaked on
-            # purpose (see _notify.c), and so are the events of armed points.
-            del self._chains[key]
-            self._heads.pop(key, None)
-            for point in chain:
-                if point.token:
-                    self._armed.pop(point.token, None)
-                    point.token = 0
-                    point.pool = None  # its event stays with the dead context
-                self._finish(point, err)
-
-
-def _busy_elsewhere() -> anyio.BusyResourceError:
-    exc = anyio.BusyResourceError("waiting on")
-    exc.args = (
-        "this point is being awaited in another event loop; await an Event from one event "
-        "loop at a time",
-    )
-    return exc
+            self._spinners -= 1
 
 
 _live_notifiers: weakref.WeakSet[Notifier] = weakref.WeakSet()

@@ -15,7 +15,7 @@ from ._pools import give_back
 if TYPE_CHECKING:
     from .._driver import Driver
     from .._errors import AiocudasemError
-    from ._loop import Notifier
+    from ._chains import Chains
     from ._loops import Sleeper
 
 __all__ = ("History", "Point")
@@ -74,7 +74,7 @@ class Point:
         self.token = 0  # non-zero once the host function is armed
         # The notifier whose chain or host function has it, weakly: a loop that ends without
         # finalizing its async generators must not keep the point tied to it forever.
-        self.owner: weakref.ref[Notifier] | None = None
+        self.owner: weakref.ref[Chains] | None = None
         # The sleepers of the coroutines parked on it, each with its place in the order in
         # which the loop's coroutines parked (a dict: O(1) to leave).
         self.sleepers: dict[Sleeper, int] = {}
@@ -87,7 +87,7 @@ class Point:
 
     def _finish(self, error: AiocudasemError | None) -> dict[Sleeper, int]:
         """Mark the point done (failed with ``error`` if not None) and release its event.
-        Returns its sleepers, which the caller wakes (see ``Notifier._finish``)."""
+        Returns its sleepers, which the caller wakes (see ``Parking._finish``)."""
         if self.done:
             return {}
         self.done = True

@@ -17,7 +17,7 @@ from ._pools import side_streams
 
 if TYPE_CHECKING:
     from .._driver import Driver
-    from ._loop import Notifier
+    from ._parking import Parking
     from ._points import Point
 
 __all__ = ("_watchdog",)
@@ -34,7 +34,7 @@ class _Sentry:
     def __init__(self, driver: Driver, device: int) -> None:
         self.driver = weakref.ref(driver)
         self.device = device
-        self.notifiers: dict[Notifier, None] = {}
+        self.notifiers: dict[Parking, None] = {}
         self.thread: threading.Thread | None = None
         self.event: int | None = None  # the blocking-sync event, while the thread lives
 
@@ -74,7 +74,7 @@ class _Watchdog:
         self._wake = threading.Condition(self._lock)
         self._sentries = weakref.WeakKeyDictionary()
 
-    def add(self, notifier: Notifier, key: tuple[Driver, int]) -> None:
+    def add(self, notifier: Parking, key: tuple[Driver, int]) -> None:
         drv, device = key
         with self._lock:
             per_device = self._sentries.setdefault(drv, {})
@@ -103,7 +103,7 @@ class _Watchdog:
                 for s in per_device.values()
             )
 
-    def remove(self, notifier: Notifier, key: tuple[Driver, int]) -> None:
+    def remove(self, notifier: Parking, key: tuple[Driver, int]) -> None:
         drv, device = key
         with self._lock:
             sentry = self._sentries.get(drv, {}).get(device)
