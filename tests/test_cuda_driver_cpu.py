@@ -227,7 +227,7 @@ def test_the_device_attributes_asked_for_exist_in_the_bindings() -> None:
     bindings' enum (a wrong one would fail only on a GPU)."""
     from cuda.bindings._v2 import driver as d
 
-    from aiocudasem._driver._cuda import _HOST_WORD_ATTRIBUTES
+    from aiocudasem._driver._cuda._abi import _HOST_WORD_ATTRIBUTES
 
     for name in [attr for attr, _ in _HOST_WORD_ATTRIBUTES] + ["IPC_EVENT_SUPPORTED"]:
         assert isinstance(int(getattr(d.DeviceAttribute, name)), int), name
@@ -238,7 +238,7 @@ def test_an_interprocess_handle_travels_whole_with_its_nul_bytes() -> None:
     them on unchanged (the handle struct's field, read as bytes, would stop at the first)."""
     import ctypes
 
-    from aiocudasem._driver._cuda import _IpcEventHandle
+    from aiocudasem._driver._cuda._abi import _IpcEventHandle
 
     raw = bytes(range(64))  # a NUL first, others later
     seen: list[bytes] = []
@@ -267,7 +267,7 @@ def test_a_graph_semaphore_node_passes_its_semaphores_values_and_dependencies() 
 
     import numpy as np
 
-    from aiocudasem._driver._cuda import _ExtSemNodeParams
+    from aiocudasem._driver._cuda._abi import _ExtSemNodeParams
 
     seen: dict[str, Any] = {}
 
@@ -291,7 +291,7 @@ def test_a_graph_semaphore_node_passes_its_semaphores_values_and_dependencies() 
     drv = _driver(_Bindings(library_fails=False))
     drv._signal_dtype = real.external_semaphore_signal_params_v1_dtype
     # Through the real prototype, as the driver's address would be called.
-    from aiocudasem._driver._cuda import _GRAPH_ADD_T
+    from aiocudasem._driver._cuda._abi import _GRAPH_ADD_T
 
     drv._ctypes_fns = {"cuGraphAddExternalSemaphoresWaitNode": _GRAPH_ADD_T(add)}
     # The struct is CUDA's, not only the one this test reads back with.
