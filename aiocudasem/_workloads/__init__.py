@@ -12,89 +12,16 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .._driver import Driver
     from ._cuda import CudaWorkloads
     from ._sim import SimWorkloads
 
+from ._common import SEEN, WeakDriver, Workloads, frame_word, frame_words
+
 __all__ = ("SEEN", "WeakDriver", "Workloads", "frame_word", "frame_words", "workloads")
-
-_D = TypeVar("_D")
-
-#: What one check of an intact frame adds to its ``out`` slot (``words`` stays below it).
-SEEN = 0x10000
-
-
-def frame_word(frame: int, i: int) -> int:
-    """The value the demo's producer writes at word ``i`` of frame ``frame``."""
-    return (frame * 2654435761 + i) & 0xFFFFFFFF
-
-
-def frame_words(frame: int, words: int) -> np.ndarray[Any, np.dtype[np.uint32]]:
-    """All of frame ``frame``: ``frame_word(frame, i)`` for ``i`` in ``range(words)``."""
-    index = np.arange(words, dtype=np.uint64)
-    return ((frame * 2654435761 + index) & 0xFFFFFFFF).astype(np.uint32)
-
-
-@runtime_checkable
-class Workloads(Protocol):
-    """Work to put on a driver's streams. Streams and pointers are the driver's ``int``
-    handles; every call enqueues and returns, like a kernel launch."""
-
-    @property
-    def driver(self) -> Driver:
-        """The driver the workloads belong to."""
-        ...
-
-    def alloc_pinned(self, nbytes: int) -> int:
-        """Page-locked host memory that kernels of every device can read and write."""
-        ...
-
-    def free_pinned(self, ptr: int) -> None:
-        """Free memory from :meth:`alloc_pinned`. On the GPU this can wait for the device:
-        free only once the work that uses the memory is done."""
-        ...
-
-    def launch_spin(self, stream: int, ns: int) -> None:
-        """Enqueue a kernel that runs for ``ns`` nanoseconds of device time."""
-        ...
-
-    def launch_check_frame(self, stream: int, src: int, words: int, frame: int, out: int) -> None:
-        """Enqueue a kernel that counts the words of pinned ``src`` that differ from
-        ``frame_word(frame, i)`` and adds ``SEEN`` plus that count to ``out[frame]`` (uint32,
-        pinned). A frame checked once and intact therefore reads exactly ``SEEN``."""
-        ...
-
-    def launch_trap(self, stream: int) -> None:
-        """Enqueue a kernel that traps, faulting the device's context."""
-        ...
-
-
-class WeakDriver(Generic[_D]):
-    """The part every workloads class shares: the driver, held weakly. The driver keeps its
-    workloads (in the table below, and the CUDA driver through its first-wait hook); they keep
-    it only weakly, so that a driver given workloads can still be collected."""
-
-    def __init__(self, driver: _D) -> None:
-        self._ref = weakref.ref(driver)
-
-    def _attach(self) -> None:
-        """Called once by :func:`workloads`, outside its table's lock."""
-
-    @property
-    def _driver(self) -> _D:
-        drv = self._ref()
-        if drv is None:
-            raise ReferenceError("the workloads' driver was collected")
-        return drv
-
-    @property
-    def driver(self) -> _D:
-        return self._driver
 
 
 _lock = threading.Lock()

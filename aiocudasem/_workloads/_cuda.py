@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from .._driver import Driver
 from .._errors import CudaError
-from . import SEEN, WeakDriver
+from ._common import SEEN, WeakDriver
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from .._driver import Driver
-from . import SEEN, WeakDriver, frame_words
+from ._common import SEEN, WeakDriver, frame_words
 
 if TYPE_CHECKING:
     from collections.abc import Callable

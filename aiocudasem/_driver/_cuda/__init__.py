@@ -16,7 +16,7 @@ structures and constants in ``_abi``.
 
 from __future__ import annotations
 
-from .. import track
+from .._protocol import track
 from ._memory import _Memory
 
 __all__ = ("CudaDriver",)

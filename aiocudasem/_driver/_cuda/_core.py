@@ -14,7 +14,7 @@ from ..._errors import (
     DeviceFaultError,
     UnsupportedFeatureError,
 )
-from .. import forked_error, unavailable
+from .._protocol import forked_error, unavailable
 from ._abi import _FAST_ABI, _FAST_CALLS, _FAST_METHODS, _LOADING_MODES, _T
 
 if TYPE_CHECKING:

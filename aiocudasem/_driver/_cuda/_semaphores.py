@@ -17,7 +17,7 @@ from ._streams import _Streams
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from .. import SemaphoreDesc, SemOp
+    from .._protocol import SemaphoreDesc, SemOp
 
 
 __all__ = ("_Semaphores",)

@@ -23,7 +23,7 @@ the objects they work on in ``_model``, ``_steps`` and ``_page``; ``_producer``'
 
 from __future__ import annotations
 
-from .. import track
+from .._protocol import track
 from ._ipc import _Ipc
 from ._producer import SimProducer
 

@@ -13,7 +13,7 @@ from ._steps import _SeqWait, _signals, _waits
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from .. import SemOp
+    from .._protocol import SemOp
     from ._steps import _Step
 
 

@@ -7,12 +7,12 @@ import threading
 from collections import deque
 from typing import TYPE_CHECKING
 
-from .. import forked_error
+from .._protocol import forked_error
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .. import SemOp
+    from .._protocol import SemOp
     from ._page import _IpcPage
     from ._steps import _Step
 

@@ -16,7 +16,7 @@ from ._streams import _Streams
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from .. import SemaphoreDesc, SemOp
+    from .._protocol import SemaphoreDesc, SemOp
     from ._model import _Stream
 
 

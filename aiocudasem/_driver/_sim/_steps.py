@@ -10,7 +10,7 @@ from ... import _hostword
 from ._status import _ILLEGAL_ADDRESS, _U64
 
 if TYPE_CHECKING:
-    from .. import SemOp
+    from .._protocol import SemOp
     from ._core import _Core
     from ._model import _Event, _Semaphore, _Stream
     from ._page import _IpcPage

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ... import _hotpath, _notify
-from . import LoopAdapter, Sleeper, never
+from ._generic import LoopAdapter, Sleeper, never
 
 try:  # see the package: asyncio alone does not need it
     import sniffio

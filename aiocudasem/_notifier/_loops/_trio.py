@@ -28,7 +28,7 @@ import trio
 import trio.lowlevel
 
 from ... import _hotpath
-from . import LoopAdapter, Sleeper
+from ._generic import LoopAdapter, Sleeper
 
 if TYPE_CHECKING:
     from anyio.abc import AsyncBackend
