@@ -3,7 +3,7 @@ from setuptools import Extension, setup
 _FLAGS = ["-O2", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"]
 
 # _hotpath is one module made of several files by concern (see aiocudasem/_hotpath.h).
-_HOTPATH = ["loopcheck", "finder", "history", "wait", "spin", "crowd"]
+_HOTPATH = ["loopcheck", "finder", "history", "state", "wait", "spin", "crowd"]
 _SOURCES = {
     "_hotpath": ["aiocudasem/_hotpath.c"] + [f"aiocudasem/_hotpath_{part}.c" for part in _HOTPATH],
 }

@@ -5,8 +5,9 @@
  *   _hotpath_loopcheck.c  LoopCheck: is the running loop still the one of a token?
  *   _hotpath_finder.c     Finder: current_notifier()
  *   _hotpath_history.c    History: a stream's wait times and its spin window
- *   _hotpath_wait.c       wait_complete() and settle(), with Tally
- *   _hotpath_spin.c       spin_recorded(): the asyncio event path's spin
+ *   _hotpath_state.c      WaitState (what a stream's waits share) and Counters (a notifier's)
+ *   _hotpath_wait.c       wait_complete(): the wait algorithm, as a coroutine and as steps
+ *   _hotpath_spin.c       the pooled event of a busy stream, and the spin on it
  *   _hotpath_crowd.c      wake_in_turn() and in_park_order(): waking parked sleepers
  *
  * Each file keeps to itself what the others do not need (its interned names included) and
@@ -75,11 +76,11 @@ typedef struct {
      * takes the slot over. */
     uint64_t ident;
     PyObject *last;
-    /* For wait_complete(): the notifier whose checkpoint kind and tally were read last
-     * (`bare_yield` and `_tally` never change for a notifier), and those two. */
+    /* For wait_complete(): the notifier whose checkpoint kind and counters were read last
+     * (`bare_yield` and `counters` never change for a notifier), and those two. */
     PyObject *seen;
     int seen_bare;
-    PyObject *seen_tally;
+    PyObject *seen_counters;
 } FinderObject;
 
 extern AcsType _acs_FinderType;
@@ -96,7 +97,7 @@ typedef struct {
     PyObject *newest; /* the newest point a wait_complete() parked on, or None */
     double recent;    /* a moving average of the wait times in seconds; < 0: none yet */
     int unspun;       /* waits that did not spin since the last that did */
-    char closed;      /* the stream is closed (Stream._claim()): settle() raises */
+    char closed;      /* the stream is closed (Stream._claim()): the wait raises after its checkpoint */
 } HistoryObject;
 
 extern AcsType _acs_HistoryType;
@@ -108,15 +109,60 @@ PyObject *_acs_set_spin_limit(PyObject *module, PyObject *arg);
 PyObject *_acs_get_spin_limit(PyObject *module, PyObject *ignored);
 int _acs_history_init(PyObject *module);
 
+/* ------------------------------------------------------------------ WaitState, Counters */
+
+/* What every wait of one stream needs, made once with the stream (see docs/architecture.md,
+ * "The hot path in C", for the contract). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *driver;  /* its stream_query(), event_query(), event_create(), event_record()
+                        * and event_destroy() are called, by those names */
+    PyObject *device;  /* an int: event_create(device) */
+    PyObject *handle;  /* an int: the stream */
+    PyObject *pool;    /* a list: the free events of the device */
+    PyObject *history; /* a History */
+    PyObject *hooks;   /* closed_error(), query_failed(state, exc), drive(wait) */
+    PyObject *finder;  /* a Finder: current_notifier() */
+    int record_first;  /* a default stream: its event is recorded before the checkpoint, and
+                        * queried instead of the stream */
+} WaitStateObject;
+
+extern AcsType _acs_WaitStateType;
+
+/* A notifier's counters that C keeps (Notifier.counters). */
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t completed; /* waits that returned normally, counted in C */
+    Py_ssize_t spinning;  /* waits spinning now (max_spinners) */
+} CountersObject;
+
+extern AcsType _acs_CountersType;
+int _acs_state_init(PyObject *module);
+
 /* ------------------------------------------------------------------ wait_complete() */
 
-PyObject *_acs_settle(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *_acs_wait_complete(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *_acs_wait_complete(PyObject *module, PyObject *state);
 int _acs_wait_init(PyObject *module);
 
-/* ------------------------------------------------------------------ spin_recorded() */
+/* ------------------------------------------------------------------ the event and its spin */
 
-PyObject *_acs_spin_recorded(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+#define IDLE_SPIN 20e-6
+
+/* A pooled event (a free one, else driver.event_create(device)) recorded on the stream now:
+ * a new reference, or NULL with an error set (the event went back). */
+PyObject *_acs_take_recorded(WaitStateObject *s);
+/* The event back to the pool, or destroyed if the pool is full (give_back()): 0, or -1 with
+ * an error set. Takes the reference over. */
+int _acs_give_event_back(WaitStateObject *s, PyObject *event);
+/* The event back to the pool past its limit, with no call of the driver (for the ways out
+ * that may run in a finalizer), the error that is set kept. Takes the reference over. */
+void _acs_put_back(PyObject *pool, PyObject *event);
+/* driver.event_query(event) (or stream_query(handle) if `event` is NULL), as 1 (done), 0 or
+ * -1 (an error is set). */
+int _acs_query(WaitStateObject *s, PyObject *event);
+/* Whether a loop with the deque `ready` of ready callbacks (NULL or None: none to read) has
+ * nothing else to run now. */
+int _acs_loop_idle(PyObject *ready);
 PyObject *_acs_set_pool_limit(PyObject *module, PyObject *arg);
 int _acs_spin_init(PyObject *module);
 

@@ -1,6 +1,5 @@
 import asyncio
-import collections
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from contextvars import ContextVar
 from typing import Any, Final, Literal, TypeVar
 
@@ -12,7 +11,7 @@ PROBE_EVERY: Final[int]
 """A stream whose waits are long still spins on one wait in this many."""
 
 IDLE_SPIN: Final[float]
-"""How long a spin on asyncio queries without yielding while the loop has nothing else ready, at
+"""How long a spin queries without yielding while the loop has nothing else ready, at
 most, in seconds."""
 
 class LoopCheck:
@@ -51,58 +50,67 @@ class History:
 
 def set_spin_limit(seconds: float, /) -> None: ...
 def get_spin_limit() -> float: ...
-def settle(
-    stream: Any,
-    query: Callable[[int], bool],
-    handle: int,
-    history: History,
-    started: float,
-    /,
-) -> bool:
-    """After the first checkpoint of ``stream.wait_complete()``, which began at ``started``:
-    raise ``stream._closed_error()`` if ``history.closed``, else ``query(handle)``; for an
-    idle stream, have ``history`` learn how long the wait took, and return True."""
 
-class Tally:
-    """A notifier's counts that :func:`wait_complete` keeps from C."""
+class Counters:
+    """A notifier's counters that :func:`wait_complete` keeps (``Notifier.counters``)."""
 
     completed: int
-    """Waits that found their work complete."""
+    """Waits that returned normally, counted by :func:`wait_complete`."""
+    spinning: int
+    """Waits that spin now (``max_spinners``)."""
     def __init__(self) -> None: ...
 
-def wait_complete(
-    stream: Any,
-    query: Callable[[int], bool],
-    handle: int,
-    history: History,
-    finder: Callable[[], Any],
-    /,
-) -> Coroutine[Any, Any, None]:
-    """``Stream.wait_complete()`` on a stream other than the default ones. Finds the notifier
-    with ``finder``, passes its checkpoint (asyncio: one bare yield; else
-    ``notifier.checkpoint()``, delegated to), then :func:`settle`; idle: counts the completed
-    wait in ``notifier._tally``; busy: delegates to ``stream._wait_busy(notifier, started)``. A
-    failed first query raises through ``stream._query_failed(exc)``."""
+class WaitState:
+    """What the waits of one stream share, made with the stream: :func:`wait_complete` takes
+    it. ``hooks`` has ``closed_error() -> BaseException``, ``query_failed(state, exc) ->
+    NoReturn`` and ``drive(wait) -> Coroutine``; ``record_first``: a default stream, whose
+    event is recorded before the checkpoint and queried instead of the stream."""
 
-def spin_recorded(
-    driver: Any,
-    device: int,
-    pool: list[int],
-    handle: int,
-    history: History,
-    started: float,
-    ready: collections.deque[Any] | None,
-    /,
-) -> Awaitable[tuple[int, float] | None]:
-    """On asyncio, once the first query of ``stream.wait_complete()`` (begun at ``started``)
-    found the stream busy: take an event from ``pool`` (or ``driver.event_create(device)``) and
-    record it on ``handle`` now, at the call. Awaited, it queries the event between bare yields
-    while ``history``'s spin window lasts, and without yielding, for up to :data:`IDLE_SPIN`
-    seconds at a time, while ``ready`` (the loop's ready callbacks; None: never) is empty.
-    None once the event is done (``history`` learnt how long the wait took, the event went
-    back to ``pool``); else ``(event, recorded)``: the event is the caller's to park on,
-    recorded at that ``time.perf_counter()``. An error, ``throw()`` or ``close()`` gives the
-    event back."""
+    @property
+    def driver(self) -> Any: ...
+    @property
+    def device(self) -> int: ...
+    @property
+    def handle(self) -> int: ...
+    @property
+    def pool(self) -> list[int]: ...
+    @property
+    def history(self) -> History: ...
+    @property
+    def hooks(self) -> Any: ...
+    @property
+    def finder(self) -> Finder: ...
+    @property
+    def record_first(self) -> bool: ...
+    def __init__(
+        self,
+        driver: Any,
+        device: int,
+        handle: int,
+        pool: list[int],
+        history: History,
+        hooks: Any,
+        finder: Callable[[], Any],
+        *,
+        record_first: bool = False,
+    ) -> None: ...
+
+class WaitComplete(Coroutine[Any, Any, None]):
+    """One wait of :func:`wait_complete`: a coroutine, and the steps for a driver in Python."""
+
+    def send(self, value: Any, /) -> Any: ...
+    def throw(self, *args: Any) -> Any: ...
+    def close(self) -> None: ...
+    def __await__(self) -> Generator[Any]: ...
+    def step(self) -> Awaitable[Any] | None:
+        """The next step: an awaitable to await before the next call, or None once the wait is
+        over. Call ``close()`` if awaiting it raises."""
+
+def wait_complete(state: WaitState, /) -> Coroutine[Any, Any, None]:
+    """``Stream.wait_complete()``: the wait algorithm on ``state``'s stream (see
+    docs/architecture.md, "The hot path in C"). In a thread whose last wait ran on a loop whose
+    checkpoint is a coroutine, ``state.hooks.drive(wait)``; else the :class:`WaitComplete`
+    itself."""
 
 def set_pool_limit(limit: int, /) -> None:
     """How many free events a pool keeps (``_EventPool._LIMIT``); the rest are destroyed."""

@@ -81,14 +81,14 @@ static PyObject *Finder_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     f->last = NULL;
     f->seen = NULL;
     f->seen_bare = 0;
-    f->seen_tally = NULL;
+    f->seen_counters = NULL;
     return (PyObject *)f;
 }
 
 static const Py_ssize_t Finder_refs[] = {
     offsetof(FinderObject, here), offsetof(FinderObject, deferred),
     offsetof(FinderObject, slow), offsetof(FinderObject, last),
-    offsetof(FinderObject, seen), offsetof(FinderObject, seen_tally),
+    offsetof(FinderObject, seen), offsetof(FinderObject, seen_counters),
     0,
 };
 

@@ -92,7 +92,7 @@ static PyMemberDef History_members[] = {
      "Waits that did not spin since the last that did."},
     {"closed", T_BOOL, offsetof(HistoryObject, closed), 0,
      "True once the stream is closed or detached (Stream._claim() sets it): a wait past its "
-     "first checkpoint then raises instead of querying the handle (settle()). A plain field, "
+     "first checkpoint then raises instead of querying the handle (wait_complete()). A plain field, "
      "read in C more cheaply than the stream's own attribute."},
     {NULL, 0, 0, 0, NULL},
 };

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import time
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, NoReturn, overload
 
@@ -31,8 +30,7 @@ from ._errors import (
     UnsupportedFeatureError,
 )
 from ._events import BaseEvent, Event
-from ._hotpath import settle as _settle
-from ._hotpath import spin_recorded as _spin_recorded
+from ._hotpath import WaitComplete, WaitState
 from ._hotpath import wait_complete as _wait_complete
 from ._lifetime import OnDevice
 from ._notifier import (
@@ -43,7 +41,6 @@ from ._notifier import (
     mark_coroutine_function,
     prepare_new_stream,
     prepare_stream,
-    record_pooled,
     side_streams,
 )
 from ._timeline import enqueue_words
@@ -54,7 +51,6 @@ if TYPE_CHECKING:
     from typing import Self
 
     from ._ipc import IpcEvent
-    from ._notifier import Notifier
 
 __all__ = ("Event", "HandOff", "Stream", "open_stream", "wait_external_semaphores", "wait_stream")
 
@@ -63,7 +59,6 @@ __all__ = ("Event", "HandOff", "Stream", "open_stream", "wait_external_semaphore
 #: every blocking stream, which cuStreamQuery of it may not.
 _DEFAULT_STREAMS = 2
 _U64: Final = 1 << 64
-_clock = time.perf_counter
 _WAITS_KEPT: Final = 8  # the last waits of a stream that a slow aclose() names
 
 
@@ -79,11 +74,13 @@ class Stream(OnDevice):
     always checkpoints.
     """
 
-    __slots__ = ("_events", "_history", "_owned", "_waited_on")
+    __slots__ = ("_events", "_history", "_owned", "_wait_state", "_waited_on")
     _events: list[int]
     #: The last waits enqueued on the stream, for the warning of an aclose() that waits long.
     _waited_on: collections.deque[Wait]
     _history: History
+    #: What each wait_complete() takes: see _WaitHooks.
+    _wait_state: WaitState
     _owned: bool
     _factory = "use aiocudasem.open_stream() or Stream.adopt() to get a Stream"
     _noun = "stream"
@@ -104,6 +101,16 @@ class Stream(OnDevice):
         self._owned = owned
         self._events = event_pool.free_list(driver, device)
         self._history = History()  # how long its waits take: how long they spin
+        self._wait_state = WaitState(
+            driver,
+            device,
+            handle,
+            self._events,
+            self._history,
+            _HOOKS,
+            current_notifier,
+            record_first=handle <= _DEFAULT_STREAMS,
+        )
         self._waited_on = collections.deque(maxlen=_WAITS_KEPT)
         self._own(handle, partial(destroy_stream, driver, handle) if owned else None)
         return self
@@ -300,99 +307,28 @@ class Stream(OnDevice):
         ``asyncio.create_task()`` and the task groups of anyio and trio accept as they accept
         that of an ``async def``. On asyncio, on the streams that the library waits for with a
         query (all but the default streams), it is C: an await whose work is done by its first
-        query runs no Python. On trio it is an ``async def``'s.
+        query runs no Python. On trio it is a small ``async def`` that runs the same steps.
         """
-        # The hot path of the library (_hotpath.wait_complete(): see docs/architecture.md,
-        # "The hot path in C"): the checkpoint first, then one cuStreamQuery. Most short work
-        # is done by then, and such an await costs no event. After the checkpoint the C code
-        # raises the closed error if another task closed the stream meanwhile (the history's
-        # flag, which _claim() sets), queries, and for an idle stream updates the history and
-        # counts the completed wait; a busy stream goes on in _wait_busy().
-        handle = self._handle
-        if handle > _DEFAULT_STREAMS:
-            return _wait_complete(
-                self, self._driver.stream_query, handle, self._history, current_notifier
-            )
+        # The hot path of the library, the wait algorithm in C (_hotpath.wait_complete(): see
+        # docs/architecture.md, "The hot path in C"): the checkpoint first, then one
+        # cuStreamQuery. Most short work is done by then, and such an await costs no event.
+        if self._handle > _DEFAULT_STREAMS:
+            return _wait_complete(self._wait_state)
         return self._wait_default()
-
-    async def _wait_generic(self) -> None:
-        """:meth:`wait_complete` as a Python coroutine, for a loop whose checkpoint is a
-        coroutine (trio): awaited from Python, that checkpoint runs inline, where the C
-        coroutine would enter the interpreter anew for each of its steps. The C one returns
-        this when the thread's last wait ran on such a loop; the steps are the same."""
-        if not self._open:
-            raise self._closed_error()
-        notifier = current_notifier()
-        started = _clock()
-        await notifier.checkpoint()
-        try:
-            done = _settle(self, self._driver.stream_query, self._handle, self._history, started)
-        except BaseException as exc:  # _query_failed() raises what applies
-            self._query_failed(exc)
-        if done:
-            notifier._completed_here += 1
-            return
-        await self._wait_busy(notifier, started)
-
-    async def _wait_busy(self, notifier: Notifier, started: float) -> None:
-        """The rest of :meth:`wait_complete` once its first query, after a checkpoint that
-        began at ``started`` (a ``time.perf_counter()``), found the stream busy."""
-        history = self._history
-        if history.newest is not None:
-            shared = notifier.shared_point(history, started)
-            if shared is not None:
-                await notifier.wait(shared)
-                return
-        drv, handle, pool = self._driver, self._handle, self._events
-        if notifier.bare_yield and notifier.may_spin():
-            # asyncio: the event path's record and spin in C, which hands the event over if it
-            # has to park (see Notifier.wait_recorded(), which does the same in Python on the
-            # other loops).
-            notifier._spinners += 1
-            try:
-                parked = await _spin_recorded(
-                    drv, self._device, pool, handle, history, started, notifier.ready_queue
-                )
-            finally:
-                notifier._spinners -= 1
-            if parked is None:
-                notifier._completed_here += 1
-                return
-            event, recorded = parked
-            await notifier.wait_recorded(
-                drv, self._device, handle, event, pool, history, started, recorded
-            )
-            return
-        # A stream still busy gets its event now: it captures at most what was enqueued during
-        # the first checkpoint besides.
-        event = record_pooled(drv, self._device, pool, handle)
-        await notifier.wait_recorded(drv, self._device, handle, event, pool, history, started)
-
-    def _query_failed(self, exc: BaseException) -> NoReturn:
-        """Raise what :meth:`wait_complete` raises when its first query raised ``exc``."""
-        if isinstance(exc, DeviceFaultError):
-            # Reported as the notifier reports a fault it finds (once per device): a program
-            # whose waits all end here would otherwise raise it unlogged.
-            _log.device_fault(self._driver, self._device, exc)
-        elif isinstance(exc, CudaError) and exc.status in _CAPTURE_STATUSES:
-            raise _capturing_error(exc) from None
-        raise exc
 
     async def _wait_default(self) -> None:
         """:meth:`wait_complete` on a default stream, which always records its event first,
         before its checkpoint: an event recorded on the legacy stream also waits for the work
-        of every blocking stream, which cuStreamQuery may not."""
+        of every blocking stream, which cuStreamQuery may not. The same algorithm in C, told
+        so by the state's ``record_first``."""
         if not self._open:
             raise self._closed_error()
-        notifier = current_notifier()
         drv, handle = self._driver, self._handle
         if handle == _PER_THREAD_STREAM and _capturing(drv, handle):
             # The one default stream that can capture: its event would be a captured one,
             # which CUDA refuses to query (CUDA_ERROR_CAPTURED_EVENT).
             raise _capturing_error(None)
-        pool = self._events
-        event = record_pooled(drv, self._device, pool, handle)
-        await notifier.wait_recorded(drv, self._device, handle, event, pool, self._history)
+        await _wait_complete(self._wait_state)
 
     # -------------------------------------------------------------- lifetime
 
@@ -469,6 +405,47 @@ class Stream(OnDevice):
 
 # It returns a coroutine, as an async def does, and says so to those that ask the function.
 mark_coroutine_function(Stream.wait_complete)
+
+
+class _WaitHooks:
+    """The Python that the wait in C calls back, by these names, with the stream's
+    :class:`WaitState` (the contract: docs/architecture.md, "The hot path in C"). One object
+    serves every stream."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def closed_error() -> BaseException:
+        """What a wait on a closed stream raises (``Stream._closed_error()``)."""
+        return anyio.ClosedResourceError(f"the {Stream._noun} is closed")
+
+    @staticmethod
+    def query_failed(state: WaitState, exc: BaseException) -> NoReturn:
+        """Raise what :meth:`Stream.wait_complete` raises when its first query raised
+        ``exc``."""
+        if isinstance(exc, DeviceFaultError):
+            # Reported as the notifier reports a fault it finds (once per device): a program
+            # whose waits all end here would otherwise raise it unlogged.
+            _log.device_fault(state.driver, state.device, exc)
+        elif isinstance(exc, CudaError) and exc.status in _CAPTURE_STATUSES:
+            raise _capturing_error(exc) from None
+        raise exc
+
+    @staticmethod
+    async def drive(wait: WaitComplete) -> None:
+        """The wait's steps, from Python: for a loop whose checkpoint is a coroutine (trio),
+        which runs inline here rather than entering the interpreter anew for each of its steps
+        from C. The steps themselves, and every decision, are the C ones."""
+        step = wait.step
+        try:
+            while (todo := step()) is not None:
+                await todo
+        except BaseException:
+            wait.close()
+            raise
+
+
+_HOOKS: Final = _WaitHooks()
 
 
 def _stream_handle(obj: object) -> int:

@@ -156,7 +156,9 @@ class Profile:
         return count / (time.perf_counter() - t0)
 
 
-async def run_backend(prof: Profile, seconds: float, rounds: int, awaits: int) -> None:
+async def run_backend(
+    prof: Profile, seconds: float, rounds: int, awaits: int, idle_only: bool
+) -> None:
     import sniffio
 
     say(f"\n== {sniffio.current_async_library()}")
@@ -169,7 +171,7 @@ async def run_backend(prof: Profile, seconds: float, rounds: int, awaits: int) -
         say(f"  idle stream, {kind:10} {spread(us, '.3f')} us/await")
     own = [b - a for a, b in zip(idle["floor"], idle["aiocudasem"], strict=True)]
     say(f"  the library's own cost per await (paired, {rounds} rounds): {spread(own, '.3f')} us")
-    for n in (1, 8):
+    for n in () if idle_only else (1, 8):
         res: dict[str, list[float]] = {"poll": [], "floor": [], "aiocudasem": []}
         for r in range(rounds):
             for kind in rotated(list(res), r):
@@ -188,6 +190,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=25, help="interleaved rounds (at least 25)")
     ap.add_argument("--seconds", type=float, default=0.1, help="per throughput figure")
     ap.add_argument("--awaits", type=int, default=20_000, help="awaits per idle-stream figure")
+    ap.add_argument(
+        "--idle-only",
+        action="store_true",
+        help="only the idle-stream figures (for A/B runs of two trees, interleaved by a driver)",
+    )
     args = ap.parse_args()
     if args.rounds < 25:
         ap.error("--rounds must be at least 25: fewer rounds leave the median to the noise")
@@ -196,13 +203,22 @@ def main() -> int:
     say(f"driver {drv.name}, python {sys.version.split()[0]}, {time.strftime('%Y-%m-%d %H:%M')}")
     prof.launch(prof.handles[0])
     drv.stream_synchronize(prof.handles[0])
-    idle = sorted(prof.kernel_idle_us())
-    say(
-        f"empty kernel, launch to stream idle (no yields): p10 {idle[len(idle) // 10]:.1f} "
-        f"p50 {idle[len(idle) // 2]:.1f} p90 {idle[len(idle) * 9 // 10]:.1f} us"
-    )
+    if not args.idle_only:
+        idle = sorted(prof.kernel_idle_us())
+        say(
+            f"empty kernel, launch to stream idle (no yields): p10 {idle[len(idle) // 10]:.1f} "
+            f"p50 {idle[len(idle) // 2]:.1f} p90 {idle[len(idle) * 9 // 10]:.1f} us"
+        )
     for backend in ("asyncio", "trio"):
-        anyio.run(run_backend, prof, args.seconds, args.rounds, args.awaits, backend=backend)
+        anyio.run(
+            run_backend,
+            prof,
+            args.seconds,
+            args.rounds,
+            args.awaits,
+            args.idle_only,
+            backend=backend,
+        )
     out = os.environ.get("OUT")
     if out:
         Path(out, "profile-wait.txt").write_text("\n".join(lines) + "\n")

@@ -24,7 +24,7 @@ import trio
 
 import aiocudasem as acs
 from aiocudasem import _hotpath
-from aiocudasem._notifier import _pools, _tuning
+from aiocudasem._notifier import _tuning
 from aiocudasem.testing import workloads
 
 get_loop = asyncio.events._get_running_loop
@@ -534,12 +534,45 @@ def test_a_check_reads_a_local_s_name_the_generic_way_where_it_must() -> None:
 
 
 class _Stream:
-    def _closed_error(self) -> BaseException:
+    """The hooks of a WaitState (closed_error, query_failed, drive)."""
+
+    def closed_error(self) -> BaseException:
         return anyio.ClosedResourceError("the stream was closed")
 
 
-def test_settle_learns_only_an_idle_stream() -> None:
-    stream, history = _Stream(), _hotpath.History()
+class _Drv:
+    """What the wait calls of a driver: the stream's query, and the event calls, recorded."""
+
+    def __init__(self, query: Any, ready: list[bool] | None = None) -> None:
+        self.stream_query = query
+        self.ready = ready if ready is not None else []  # answers of event_query, in turn
+        self.calls: list[tuple[Any, ...]] = []
+        self.fail_record: BaseException | None = None
+        self.fail_query: BaseException | None = None
+        self.created = 100
+
+    def event_create(self, device: int) -> int:
+        self.created += 1
+        self.calls.append(("create", device))
+        return self.created
+
+    def event_record(self, event: int, stream: int) -> None:
+        self.calls.append(("record", event, stream))
+        if self.fail_record is not None:
+            raise self.fail_record
+
+    def event_query(self, event: int) -> bool:
+        self.calls.append(("query", event))
+        if self.fail_query is not None:
+            raise self.fail_query
+        return self.ready.pop(0) if self.ready else False
+
+    def event_destroy(self, event: int) -> None:
+        self.calls.append(("destroy", event))
+
+
+def test_the_first_query_learns_only_an_idle_stream() -> None:
+    history, n = _hotpath.History(), _WaitNotifier()
     asked: list[int] = []
 
     def busy(h: int) -> bool:
@@ -547,50 +580,31 @@ def test_settle_learns_only_an_idle_stream() -> None:
         return False
 
     assert history.closed is False
-    started = time.perf_counter() - 0.001
-    assert _hotpath.settle(stream, busy, 7, history, started) is False
-    assert history.recent < 0 and asked == [7]
-    assert _hotpath.settle(stream, lambda h: 1, 7, history, started) is True  # any true value
-    assert 0.001 <= history.recent < 1.0  # the same clock as time.perf_counter()
-    assert _hotpath.settle(stream, lambda h: [], 7, history, started) is False
-
-
-def test_settle_raises_the_closed_error_and_what_the_query_raises() -> None:
-    stream, history = _Stream(), _hotpath.History()
-    asked: list[int] = []
-
-    def query(h: int) -> bool:
-        asked.append(h)
-        return True
-
-    history.closed = True
-    with pytest.raises(anyio.ClosedResourceError, match="closed"):
-        _hotpath.settle(stream, query, 7, history, 0.0)
-    assert asked == []  # a closed stream's handle is never queried
-    history.closed = False
-
-    def boom(h: int) -> bool:
-        raise acs.CudaError(999, "cuStreamQuery")
-
-    with pytest.raises(acs.CudaError):
-        _hotpath.settle(stream, boom, 7, history, 0.0)
-    assert history.recent < 0
-    with pytest.raises(TypeError, match="callable"):
-        _hotpath.settle(stream, 3, 7, history, 0.0)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="5 positional"):
-        _hotpath.settle(stream, bool, 7, history)  # type: ignore[call-arg]
+    for query, done in ((busy, False), (lambda h: 1, True), (lambda h: [], False)):
+        w = _wait(_WaitStream(), query, n, history)
+        next(w)
+        if done:
+            with pytest.raises(StopIteration):
+                next(w)
+            assert 0 <= history.recent < 1.0  # the same clock as time.perf_counter()
+        else:
+            assert next(w) == "busy"
+            w.close()
+    assert asked == [7]
+    with pytest.raises(TypeError, match="expected a WaitState"):
+        _hotpath.wait_complete(object())  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        _hotpath.settle(stream, bool, 7, history, "soon")  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="must be a History"):
-        _hotpath.settle(stream, bool, 7, object(), 0.0)  # type: ignore[arg-type]
+        _hotpath.WaitState(_Drv(bool), 0, 7, [], object(), _Stream(), _finder(n))  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        _hotpath.WaitState(_Drv(bool), 0, 7, [], history, _Stream(), lambda: n)  # type: ignore[arg-type]
 
-    class NotAnError:
-        def _closed_error(self) -> object:
+    class NotAnError(_WaitStream):
+        def closed_error(self) -> Any:
             return "closed"
 
     history.closed = True
     with pytest.raises(TypeError, match="not an exception"):
-        _hotpath.settle(NotAnError(), bool, 7, history, 0.0)
+        next(_wait(NotAnError(), bool, n, history))
 
 
 def test_a_stream_s_history_says_when_it_is_closed_or_detached(sim: acs.Driver) -> None:
@@ -605,15 +619,30 @@ def test_a_stream_s_history_says_when_it_is_closed_or_detached(sim: acs.Driver) 
 
 
 class _WaitNotifier:
-    """What wait_complete() reads of a notifier: its checkpoint kind, its tally, and the test
-    of the running loop that the finder makes."""
+    """What wait_complete() reads of a notifier: its checkpoint kind, its counters, the test
+    of the running loop that the finder makes, and what the busy path calls. It never lets a
+    wait spin unless told to (`spin`); its park is the stream's _wait_busy()."""
 
-    def __init__(self, checkpoint: Any = None) -> None:
+    def __init__(self, checkpoint: Any = None, spin: bool = False) -> None:
         self.bare_yield = checkpoint is None
         if checkpoint is not None:
             self.checkpoint = checkpoint
-        self._tally = _hotpath.Tally()
+        self.counters = _hotpath.Counters()
         self.serves_running_loop = lambda: True
+        self.spin = spin
+        self.ready_queue: Any = None
+        self.parked_by: Any = None
+        self.parked: list[tuple[Any, ...]] = []
+
+    def shared_point(self, history: Any, started: float) -> Any:
+        return None
+
+    def may_spin(self) -> bool:
+        return self.spin
+
+    def wait_recorded(self, *args: Any) -> Any:
+        self.parked.append(args)
+        return self.parked_by._wait_busy(self, args[6])
 
 
 def _finder(n: _WaitNotifier) -> _hotpath.Finder:
@@ -634,9 +663,19 @@ class _WaitStream(_Stream):
         self.sent.append(await _yield("busy"))
         self.sent.append(await _yield("busy"))
 
-    def _query_failed(self, exc: BaseException) -> None:
+    def query_failed(self, state: Any, exc: BaseException) -> None:
         self.failed.append(exc)
         raise exc
+
+    @staticmethod
+    async def drive(wait: Any) -> None:
+        step = wait.step
+        try:
+            while (todo := step()) is not None:
+                await todo
+        except BaseException:
+            wait.close()
+            raise
 
 
 @types.coroutine
@@ -644,11 +683,26 @@ def _yield(value: Any) -> Any:
     return (yield value)
 
 
+def _state(
+    stream: Any,
+    query: Any,
+    n: _WaitNotifier,
+    history: _hotpath.History | None = None,
+    finder: Any = None,
+    drv: Any = None,
+    pool: list[int] | None = None,
+) -> _hotpath.WaitState:
+    history = history if history is not None else _hotpath.History()
+    n.parked_by = stream
+    drv = drv if drv is not None else _Drv(query)
+    pool = pool if pool is not None else [11]
+    return _hotpath.WaitState(drv, 0, 7, pool, history, stream, finder or _finder(n))
+
+
 def _wait(
     stream: Any, query: Any, n: _WaitNotifier, history: _hotpath.History | None = None
 ) -> Any:
-    history = history if history is not None else _hotpath.History()
-    return _hotpath.wait_complete(stream, query, 7, history, _finder(n))
+    return _hotpath.wait_complete(_state(stream, query, n, history))
 
 
 def test_wait_complete_yields_once_then_settles_and_counts() -> None:
@@ -659,7 +713,7 @@ def test_wait_complete_yields_once_then_settles_and_counts() -> None:
     with pytest.raises(StopIteration) as stop:
         next(w)
     assert stop.value.value is None and history.recent >= 0
-    assert n._tally.completed == 1 and stream.busy == []
+    assert n.counters.completed == 1 and stream.busy == []
     with pytest.raises(RuntimeError, match="cannot reuse"):
         next(w)  # awaited once, as a coroutine
 
@@ -674,14 +728,8 @@ def test_wait_complete_yields_once_then_settles_and_counts() -> None:
     with pytest.raises(StopIteration):
         w.send("two")
     assert stream.sent == ["one", "two"]
-    assert history.recent < 0 and n._tally.completed == 1  # the busy path counts its own
+    assert history.recent < 0 and n.counters.completed == 1  # the busy path counts its own
 
-    with pytest.raises(TypeError, match="5 positional"):
-        _hotpath.wait_complete(stream, bool, 7, history)  # type: ignore[call-arg]
-    with pytest.raises(TypeError, match="must be a History"):
-        _hotpath.wait_complete(stream, bool, 7, None, _finder(n))  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="must be a Finder"):
-        _hotpath.wait_complete(stream, bool, 7, history, lambda: n)
     w = _wait(stream, bool, n)
     with pytest.raises(TypeError, match="non-None"):
         w.send(1)
@@ -707,7 +755,7 @@ def test_wait_complete_raises_the_closed_error_before_and_after_its_checkpoint()
     w.close()  # ends it without a query
     with pytest.raises(RuntimeError, match="cannot reuse"):
         next(w)
-    assert asked == [] and n._tally.completed == 0
+    assert asked == [] and n.counters.completed == 0
     # the closed error of the settle goes the way of the query's errors; the one before the
     # checkpoint is raised directly
     assert [type(e) for e in stream.failed] == [anyio.ClosedResourceError]
@@ -732,7 +780,7 @@ def test_wait_complete_delegates_to_a_loop_s_own_checkpoint() -> None:
     assert w.send(None) == "trap" and asked == []
     with pytest.raises(StopIteration):
         w.send("outcome")
-    assert got == ["outcome"] and asked == [7] and n._tally.completed == 1
+    assert got == ["outcome"] and asked == [7] and n.counters.completed == 1
 
     # a checkpoint that raises (a cancellation) ends the wait before its query
     async def cancelled() -> None:
@@ -744,7 +792,7 @@ def test_wait_complete_delegates_to_a_loop_s_own_checkpoint() -> None:
     w.send(None)
     with pytest.raises(KeyError):
         w.send(None)
-    assert asked == [7] and n._tally.completed == 0
+    assert asked == [7] and n.counters.completed == 0
 
     # and one that is done without yielding goes straight on to the query
     async def at_once() -> None:
@@ -825,10 +873,10 @@ def test_wait_complete_raises_a_failed_query_through_the_stream() -> None:
     next(w)
     with pytest.raises(KeyError):
         next(w)
-    assert [type(e) for e in stream.failed] == [KeyError] and n._tally.completed == 0
+    assert [type(e) for e in stream.failed] == [KeyError] and n.counters.completed == 0
 
     class Quiet(_WaitStream):
-        def _query_failed(self, exc: BaseException) -> None:
+        def query_failed(self, state: Any, exc: BaseException) -> None:
             return None  # returns instead of raising: a bug, reported as one
 
     w = _wait(Quiet(), boom, n)
@@ -888,7 +936,7 @@ def test_wait_complete_on_asyncio_is_a_task_s_coroutine_and_is_cancelled_at_its_
             await task
         done = asyncio.create_task(_wait(stream, lambda h: True, n))
         await done
-        return asked, task.cancelled(), n._tally.completed
+        return asked, task.cancelled(), n.counters.completed
 
     assert asyncio.run(main()) == ([], True, 1)
 
@@ -916,15 +964,16 @@ def test_wait_complete_keeps_reference_counts_and_is_collected_in_a_cycle() -> N
         return False
 
     finder()  # remembers n: from here on it holds it
+    states = {q: _state(stream, q, n, history, finder) for q in (idle, boom, busy)}
     with pytest.raises(StopIteration):
-        w = _hotpath.wait_complete(stream, idle, 7, history, finder)
+        w = _hotpath.wait_complete(states[idle])
         next(w)
         next(w)
     del w
-    counted = (stream, history, idle, boom, busy, finder, n)
+    counted = (stream, history, idle, boom, busy, finder, n, *states.values())
     before = [sys.getrefcount(o) for o in counted]
     for query in [idle, boom, busy, idle] * 300:
-        w = _hotpath.wait_complete(stream, query, 7, history, finder)
+        w = _hotpath.wait_complete(states[query])
         next(w)
         if query is busy:
             next(w)
@@ -933,12 +982,13 @@ def test_wait_complete_keeps_reference_counts_and_is_collected_in_a_cycle() -> N
             with pytest.raises(StopIteration if query is idle else KeyError):
                 next(w)
         del w
-        w = _hotpath.wait_complete(stream, query, 7, history, finder)
+        w = _hotpath.wait_complete(states[query])
         w.close()  # never stepped
         del w
     del query
     stream.busy.clear()
     stream.failed.clear()
+    n.parked.clear()
     gc.collect()  # the failed queries' tracebacks hold their frames in cycles
     assert [sys.getrefcount(o) for o in counted] == before
 
@@ -946,9 +996,11 @@ def test_wait_complete_keeps_reference_counts_and_is_collected_in_a_cycle() -> N
         pass
 
     holder = Holder()
-    holder.wait = _hotpath.wait_complete(holder, busy, 7, history, finder)  # type: ignore[attr-defined]
+    holder.wait = _hotpath.wait_complete(_state(holder, busy, n, history, finder))  # type: ignore[attr-defined]
     next(holder.wait)  # type: ignore[attr-defined]
     next(holder.wait)  # type: ignore[attr-defined]  (suspended in the busy path)
+    n.parked_by = None  # the park was called: only the wait holds the holder now
+    n.parked.clear()
     gone = weakref.ref(holder)
     del holder
     gc.collect()
@@ -1093,37 +1145,7 @@ def test_a_check_follows_a_change_of_the_local_class_s_name() -> None:
     assert check() is True
 
 
-# ------------------------------------------------------------------ the event path on asyncio
-
-
-class _EventDriver:
-    """The four event calls of a driver that the event path makes, recorded."""
-
-    def __init__(self, ready: list[bool] | None = None) -> None:
-        self.ready = ready if ready is not None else []  # answers of event_query, in turn
-        self.calls: list[tuple[Any, ...]] = []
-        self.fail_record: BaseException | None = None
-        self.fail_query: BaseException | None = None
-        self.created = 100
-
-    def event_create(self, device: int) -> int:
-        self.created += 1
-        self.calls.append(("create", device))
-        return self.created
-
-    def event_record(self, event: int, stream: int) -> None:
-        self.calls.append(("record", event, stream))
-        if self.fail_record is not None:
-            raise self.fail_record
-
-    def event_query(self, event: int) -> bool:
-        self.calls.append(("query", event))
-        if self.fail_query is not None:
-            raise self.fail_query
-        return self.ready.pop(0) if self.ready else False
-
-    def event_destroy(self, event: int) -> None:
-        self.calls.append(("destroy", event))
+# ------------------------------------------------------------------ the busy path: spin, park
 
 
 @pytest.fixture
@@ -1134,167 +1156,163 @@ def long_spin() -> Iterator[None]:
     acs.configure(spin_limit=acs.Tuning().spin_limit)
 
 
+def _spinning(
+    ready: list[bool], pool: list[int] | None = None, checkpoint: Any = None
+) -> tuple[Any, _Drv, _WaitNotifier, _WaitStream, list[int]]:
+    """A wait whose first query finds the stream busy, on a notifier that lets it spin, with
+    the event's answers `ready`."""
+    stream, n = _WaitStream(), _WaitNotifier(checkpoint, spin=True)
+    drv = _Drv(lambda h: False, ready)
+    pool = pool if pool is not None else [5, 6]
+    w = _hotpath.wait_complete(_state(stream, None, n, drv=drv, pool=pool))
+    return w, drv, n, stream, pool
+
+
 @pytest.mark.usefixtures("long_spin")
-def test_spin_recorded_records_at_the_call_then_queries_between_yields() -> None:
-    drv, history, pool = _EventDriver([False, True]), _hotpath.History(), [5, 6]
-    started = time.perf_counter() - 0.001
-    spin = _hotpath.spin_recorded(drv, 0, pool, 7, history, started, None)
-    assert drv.calls == [("record", 6, 7)] and pool == [5]  # the newest free event
-    it = spin.__await__()
-    assert next(it) is None  # a bare yield before the first query
-    assert drv.calls[1:] == []
-    assert next(it) is None  # busy: yields again
-    with pytest.raises(StopIteration) as stop:
-        next(it)
-    assert stop.value.value is None  # done
-    assert drv.calls[1:] == [("query", 6), ("query", 6)]
-    assert pool == [5, 6]  # back in its pool
-    assert 0.001 <= history.recent < 1.0  # learnt from `started`, on perf_counter's clock
+def test_a_busy_stream_s_wait_records_an_event_then_queries_it_between_yields() -> None:
+    w, drv, n, stream, pool = _spinning([False, True])
+    assert next(w) is None  # the first checkpoint
+    assert next(w) is None  # busy: recorded, and the spin's first yield
+    assert drv.calls == [("record", 6, 7)] and pool == [5] and n.counters.spinning == 1
+    assert next(w) is None  # not done yet
     with pytest.raises(StopIteration):
-        next(it)  # finished
+        next(w)  # done: learnt, given back, counted
+    assert drv.calls[1:] == [("query", 6), ("query", 6)] and pool == [5, 6]
+    assert n.counters.spinning == 0 and n.counters.completed == 1 and stream.busy == []
 
-    drv = _EventDriver([True])
-    spin = _hotpath.spin_recorded(drv, 3, [], 9, _hotpath.History(), time.perf_counter(), None)
-    assert drv.calls == [("create", 3), ("record", 101, 9)]  # an empty pool: a new event
-    it = spin.__await__()
-    assert it.send(None) is None
+    # an empty pool: a new event
+    w, drv, n, stream, pool = _spinning([True], pool=[])
+    next(w)
+    next(w)
     with pytest.raises(StopIteration):
-        it.send("ignored")
+        next(w)
+    assert drv.calls == [("create", 0), ("record", 101, 7), ("query", 101)] and pool == [101]
 
-
-def test_spin_recorded_hands_the_event_over_when_the_window_passes() -> None:
-    drv, history, pool = _EventDriver(), _hotpath.History(), [5]
-    before = time.perf_counter()
-    spin = _hotpath.spin_recorded(drv, 0, pool, 7, history, before - 10.0, None)  # window gone
-    after = time.perf_counter()
-    it = spin.__await__()
-    assert next(it) is None  # it spins once all the same, as the Python path does
-    with pytest.raises(StopIteration) as stop:
-        next(it)
-    event, recorded = stop.value.value
-    assert event == 5 and before <= recorded <= after  # when the record was made
-    assert pool == [] and history.recent < 0  # the caller's now; nothing learnt
-    assert [c[0] for c in drv.calls] == ["record", "query"]
-
-    # A stream whose waits are long: no window at all, so it hands over without a yield.
-    history = _hotpath.History()
-    history.recent = 10.0
-    pool = [5]
-    it = _hotpath.spin_recorded(drv, 0, pool, 7, history, time.perf_counter(), None).__await__()
-    with pytest.raises(StopIteration) as stop:
-        next(it)
-    assert stop.value.value[0] == 5 and pool == [] and history.unspun == 1
-
-
-def test_spin_recorded_gives_its_event_back_on_every_way_out() -> None:
-    history = _hotpath.History()
-
-    def spin(drv: _EventDriver, pool: list[int]) -> Any:
-        return _hotpath.spin_recorded(drv, 0, pool, 7, history, time.perf_counter(), None)
-
-    # The record fails: the event goes back and the error propagates.
-    drv, pool = _EventDriver(), [5]
-    drv.fail_record = acs.CudaError(999, "cuEventRecord")
-    with pytest.raises(acs.CudaError):
-        spin(drv, pool)
-    assert pool == [5]
-    # The query fails.
-    drv, pool = _EventDriver(), [5]
-    it = spin(drv, pool).__await__()
-    next(it)
-    drv.fail_query = acs.CudaError(999, "cuEventQuery")
-    with pytest.raises(acs.CudaError):
-        next(it)
-    assert pool == [5]
-    # throw(), as a cancellation arrives, in each of its forms.
-    for args in [(KeyError("k"),), (KeyError,), (KeyError, KeyError("k"))]:
-        drv, pool = _EventDriver(), [5]
-        it = spin(drv, pool).__await__()
-        next(it)
-        with pytest.raises(KeyError):
-            it.throw(*args)
-        assert pool == [5]
+    # a full pool: the event is destroyed
+    _hotpath.set_pool_limit(1)
+    try:
+        w, drv, n, stream, pool = _spinning([True], pool=[5, 6])
+        next(w)
+        next(w)
         with pytest.raises(StopIteration):
-            next(it)  # finished
-    # close(), and an awaitable dropped before its end, or never awaited.
-    for finish in ["close", "drop", "never"]:
-        drv, pool = _EventDriver(), [5]
-        it = spin(drv, pool).__await__()
-        if finish != "never":
-            next(it)
-        if finish == "close":
-            it.close()
-        del it
-        assert pool == [5], finish
-        assert [c[0] for c in drv.calls] == ["record"]
-    # A full pool: the event is destroyed instead.
-    drv, pool = _EventDriver([True]), [5]
-    it = spin(drv, pool).__await__()
-    pool.extend(range(1000, 1000 + _pools._EventPool._LIMIT))
-    next(it)
-    with pytest.raises(StopIteration):
-        next(it)
-    assert drv.calls[-1] == ("destroy", 5) and len(pool) == _pools._EventPool._LIMIT
-    # Bad arguments.
-    with pytest.raises(TypeError, match="7 positional"):
-        _hotpath.spin_recorded(drv, 0, [], 7, history, 0.0)  # type: ignore[call-arg]
-    with pytest.raises(TypeError, match="must be a list"):
-        _hotpath.spin_recorded(drv, 0, (), 7, history, 0.0, None)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="must be a History"):
-        _hotpath.spin_recorded(drv, 0, [], 7, None, 0.0, None)  # type: ignore[arg-type]
-    with pytest.raises(TypeError):
-        _hotpath.spin_recorded(drv, 0, [], 7, history, "soon", None)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="deque or None"):
-        _hotpath.spin_recorded(drv, 0, [], 7, history, 0.0, [])  # type: ignore[arg-type]
-    with pytest.raises(AttributeError):
-        _hotpath.spin_recorded(object(), 0, [], 7, history, 0.0, None)
-    with pytest.raises(TypeError, match="1 to 3"):
-        spin(_EventDriver(), []).throw()
-    with pytest.raises(TypeError, match="deriving from BaseException"):
-        spin(_EventDriver(), []).throw(3)
-    with pytest.raises(ValueError, match=">= 0"):
-        _hotpath.set_pool_limit(-1)
+            next(w)
+        assert drv.calls[-1] == ("destroy", 6) and pool == [5]
+    finally:
+        _hotpath.set_pool_limit(4096)
+
+
+def test_a_busy_stream_s_wait_parks_when_it_may_not_spin_or_its_window_passes() -> None:
+    # no spinning allowed: recorded, then parked at once
+    stream, n = _WaitStream(), _WaitNotifier()
+    w = _wait(stream, lambda h: False, n)
+    next(w)
+    assert next(w) == "busy"
+    ((_drv, device, handle, event, pool, history, started, recorded),) = n.parked
+    assert (device, handle, event, pool) == (0, 7, 11, [])
+    assert started <= recorded <= time.perf_counter() and n.counters.spinning == 0
+    w.close()
+
+    # no spin window (a stream whose waits are long): parked, the event the park's
+    stream, n = _WaitStream(), _WaitNotifier(spin=True)
+    history = _hotpath.History()
+    history.recent = 100.0
+    pool = [5, 6]
+    w = _hotpath.wait_complete(_state(stream, lambda h: False, n, history, pool=pool))
+    next(w)
+    assert next(w) == "busy"
+    assert len(n.parked) == 1 and n.parked[0][3] == 6 and pool == [5]
+    assert n.counters.spinning == 0
+    w.close()
 
 
 @pytest.mark.usefixtures("long_spin")
-def test_spin_recorded_queries_without_yielding_only_while_the_loop_is_idle() -> None:
-    """With the loop's ready queue empty, the spin queries again at once instead of yielding,
-    for at most IDLE_SPIN per step; anything ready (here, put there by a query) makes it yield
-    at its next query."""
-    ready: collections.deque[Any] = collections.deque()
-    drv, pool = _EventDriver([False, False, True]), [5]
-    it = _hotpath.spin_recorded(drv, 0, pool, 7, _hotpath.History(), time.perf_counter(), ready)
-    with pytest.raises(StopIteration) as stop:
-        next(it.__await__())  # done without a single yield
-    assert stop.value.value is None and pool == [5]
-    assert [c[0] for c in drv.calls] == ["record", "query", "query", "query"]
+def test_a_spinning_wait_gives_its_event_back_on_every_way_out() -> None:
+    def spinning() -> tuple[Any, _Drv, _WaitNotifier, list[int]]:
+        w, drv, n, _, pool = _spinning([])
+        next(w)
+        next(w)
+        assert pool == [5] and n.counters.spinning == 1
+        return w, drv, n, pool
 
-    drv = _EventDriver()  # never done
-    it = _hotpath.spin_recorded(drv, 0, pool, 7, _hotpath.History(), time.perf_counter(), ready)
-    t0 = time.perf_counter()
-    assert next(it.__await__()) is None  # yields once IDLE_SPIN has passed
-    assert time.perf_counter() - t0 >= _hotpath.IDLE_SPIN
-    assert len(drv.calls) >= 2  # the record, and as many queries as fit
-    del it
-    assert pool == [5]  # given back as the awaitable went
+    w, drv, n, pool = spinning()
+    w.close()
+    assert pool == [5, 6] and n.counters.spinning == 0
+    w, drv, n, pool = spinning()
+    with pytest.raises(KeyError):
+        w.throw(KeyError("cancelled"))
+    assert pool == [5, 6] and n.counters.spinning == 0
+    w, drv, n, pool = spinning()
+    drv.fail_query = ValueError("query")
+    with pytest.raises(ValueError):
+        next(w)
+    assert pool == [5, 6] and n.counters.spinning == 0
+    w, drv, n, pool = spinning()
+    del w
+    gc.collect()  # dropped half-way
+    assert pool == [5, 6] and n.counters.spinning == 0
+    # a failed record: the event goes back, nothing spins
+    stream, n = _WaitStream(), _WaitNotifier(spin=True)
+    drv = _Drv(lambda h: False)
+    drv.fail_record = OSError("record")
+    w = _hotpath.wait_complete(_state(stream, None, n, drv=drv, pool=[5]))
+    next(w)
+    with pytest.raises(OSError):
+        next(w)
+    assert n.counters.spinning == 0
 
-    drv = _EventDriver([False, False, True])
-    query = drv.event_query
 
-    def wakes_a_task(event: int) -> bool:
-        ready.append("a task's step")
-        return query(event)
-
-    drv.event_query = wakes_a_task  # type: ignore[method-assign]
-    it = _hotpath.spin_recorded(drv, 0, pool, 7, _hotpath.History(), time.perf_counter(), ready)
-    aw = it.__await__()
-    assert next(aw) is None  # the first query made something ready: it yields
-    assert [c[0] for c in drv.calls] == ["record", "query"]
-    assert next(aw) is None  # not idle now: one query per step
-    assert [c[0] for c in drv.calls] == ["record", "query", "query"]
-    ready.clear()
+@pytest.mark.usefixtures("long_spin")
+def test_a_spinning_wait_queries_without_yielding_only_while_the_loop_is_idle() -> None:
+    w, drv, n, _, _ = _spinning([False, False, True])
+    n.ready_queue = collections.deque()  # asyncio's, empty
+    next(w)
     with pytest.raises(StopIteration):
-        next(aw)
+        next(w)  # busy, then three queries in a row: no yield
+    assert [c[0] for c in drv.calls] == ["record", "query", "query", "query"]
+    w, drv, n, _stream, _pool = _spinning([False, True])
+    n.ready_queue = collections.deque([1])  # something else is ready
+    next(w)
+    assert next(w) is None  # busy: recorded, then a yield
+    assert next(w) is None  # one query per step
+    with pytest.raises(StopIteration):
+        next(w)
+    assert [c[0] for c in drv.calls] == ["record", "query", "query"]
+
+
+@pytest.mark.usefixtures("long_spin")
+def test_a_spinning_wait_awaits_a_loop_s_checkpoint_coroutine_each_time() -> None:
+    async def checkpoint() -> None:
+        await _yield("trap")
+
+    w, _drv, n, _stream, pool = _spinning([False, True], checkpoint=checkpoint)
+    assert w.send(None) == "trap"  # the first checkpoint
+    assert w.send(None) == "trap"  # busy: the spin's
+    assert w.send(None) == "trap"
+    with pytest.raises(StopIteration):
+        w.send(None)
+    assert n.counters.completed == 1 and pool == [5, 6]
+
+
+@pytest.mark.usefixtures("long_spin")
+def test_a_wait_driven_from_python_takes_the_same_steps() -> None:
+    async def checkpoint() -> None:
+        await _yield("trap")
+
+    w, _, n, _, pool = _spinning([False, True], checkpoint=checkpoint)
+    co = _WaitStream.drive(w)
+    assert [co.send(None) for _ in range(3)] == ["trap"] * 3
+    with pytest.raises(StopIteration):
+        co.send(None)
+    assert n.counters.completed == 1 and pool == [5, 6] and n.counters.spinning == 0
+    # cancelled in the spin: the driver closes the wait, which gives the event back
+    w, _drv, n, _stream, pool = _spinning([], checkpoint=checkpoint)
+    co = _WaitStream.drive(w)
+    co.send(None)
+    co.send(None)
+    assert pool == [5] and n.counters.spinning == 1
+    with pytest.raises(KeyError):
+        co.throw(KeyError("cancelled"))
+    assert pool == [5, 6] and n.counters.spinning == 0
 
 
 def test_the_notifier_of_each_loop_reads_the_ready_queue_only_where_it_is_asyncio_s() -> None:
@@ -1319,136 +1337,19 @@ def test_the_notifier_of_each_loop_reads_the_ready_queue_only_where_it_is_asynci
 
 
 @pytest.mark.usefixtures("long_spin")
-def test_spin_recorded_on_asyncio_gives_its_event_back_when_cancelled() -> None:
-    async def main() -> tuple[list[int], bool]:
-        drv, pool = _EventDriver(), [5]
-
-        async def wait() -> None:
-            await _hotpath.spin_recorded(
-                drv, 0, pool, 7, _hotpath.History(), time.perf_counter(), None
-            )
-
-        task = asyncio.ensure_future(wait())
+def test_a_spinning_wait_on_asyncio_gives_its_event_back_when_cancelled() -> None:
+    async def main() -> tuple[list[int], bool, int]:
+        w, _drv, n, _stream, pool = _spinning([])
+        task = asyncio.ensure_future(w)
         for _ in range(3):
             await asyncio.sleep(0)  # the task spins
-        assert pool == []
+        assert pool == [5]
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        return pool, task.cancelled()
+        return pool, task.cancelled(), n.counters.spinning
 
-    assert asyncio.run(main()) == ([5], True)
-
-
-def test_spin_recorded_turns_a_stop_iteration_of_the_query_into_runtime_error() -> None:
-    drv, pool = _EventDriver(), [5]
-    drv.fail_query = StopIteration(1.0)
-    it = _hotpath.spin_recorded(drv, 0, pool, 7, _hotpath.History(), 0.0, None).__await__()
-    next(it)
-    with pytest.raises(RuntimeError, match="StopIteration"):
-        next(it)
-    assert pool == [5]
-
-    async def main() -> None:  # through a coroutine's await, as the library awaits it
-        await _hotpath.spin_recorded(drv, 0, pool, 7, _hotpath.History(), time.perf_counter(), None)
-
-    with pytest.raises(RuntimeError):
-        asyncio.run(main())
-    assert pool == [5]
-
-
-def test_spin_recorded_refuses_to_be_closed_or_resumed_from_inside_its_query() -> None:
-    """No generator may be closed or resumed while it runs; here, from inside the driver's
-    query (another thread could do it, while a query releases the GIL)."""
-    drv, pool = _EventDriver(), [5]
-    refused: list[str] = []
-
-    def meddles(event: int) -> bool:
-        for name, call in [("close", aw.close), ("next", lambda: next(aw))]:
-            try:
-                call()
-            except ValueError as exc:
-                refused.append(f"{name}: {exc}")
-        try:
-            aw.throw(KeyError("k"))
-        except ValueError as exc:
-            refused.append(f"throw: {exc}")
-        return True
-
-    drv.event_query = meddles  # type: ignore[method-assign]
-    it = _hotpath.spin_recorded(drv, 0, pool, 7, _hotpath.History(), time.perf_counter(), None)
-    aw = it.__await__()
-    next(aw)
-    with pytest.raises(StopIteration):
-        next(aw)
-    assert [r.split(":")[0] for r in refused] == ["close", "next", "throw"]
-    assert all("already executing" in r for r in refused)
-    assert pool == [5]  # given back once, by the query's end
-
-
-def test_spin_recorded_keeps_reference_counts_and_is_collected_in_a_cycle() -> None:
-    import sys
-
-    history, pool = _hotpath.History(), [object()]
-    event = pool[0]  # not an int: its own count says whether a path leaks or over-frees it
-    drv = _EventDriver()
-    counted = (drv, history, pool, event)
-    before = [sys.getrefcount(o) for o in counted]
-    for answer in [True, False, "boom", True] * 200:
-        drv.ready = [answer is True]
-        drv.fail_query = KeyError("q") if answer == "boom" else None
-        drv.calls.clear()
-        started = time.perf_counter() if answer else 0.0  # busy: no window left, handed over
-        it = _hotpath.spin_recorded(drv, 0, pool, 7, history, started, None).__await__()
-        next(it)
-        try:
-            while True:
-                next(it)
-        except StopIteration as stop:
-            if stop.value is not None:  # handed over: give it back as a park would
-                pool.append(stop.value[0])
-        except KeyError:
-            pass
-        del it
-        it = _hotpath.spin_recorded(drv, 0, pool, 7, history, 0.0, None)
-        del it  # never awaited
-        fresh = _hotpath.History()  # a window to spin in, whatever the waits above took
-        it = _hotpath.spin_recorded(drv, 0, pool, 7, fresh, time.perf_counter(), None).__await__()
-        next(it)
-        it.close()
-        it = _hotpath.spin_recorded(drv, 0, pool, 7, fresh, time.perf_counter(), None).__await__()
-        next(it)
-        with pytest.raises(asyncio.CancelledError):
-            it.throw(asyncio.CancelledError())
-        del it
-    drv.calls.clear()  # they name the event
-    drv.fail_query = None  # its traceback holds the query's frame
-    assert pool == [event]
-    assert [sys.getrefcount(o) for o in counted] == before
-
-    # Garbage in a cycle, suspended: the collector's finalizer gives the event back to its
-    # pool, which lives outside the cycle, and never calls the driver (not even with the pool
-    # full, when a finished wait would destroy the event).
-    class Holder:
-        pass
-
-    pool = [*range(_pools._EventPool._LIMIT), event]
-    holder = Holder()
-    holder.wait = _hotpath.spin_recorded(  # type: ignore[attr-defined]
-        drv, 0, pool, 7, _hotpath.History(), time.perf_counter(), None
-    )
-    next(holder.wait.__await__())  # type: ignore[attr-defined]
-    assert pool[-1] != event
-    holder.driver = drv  # type: ignore[attr-defined]
-    drv.holder = holder  # type: ignore[attr-defined]
-    gone = weakref.ref(holder)
-    drv.calls.clear()
-    calls = drv.calls
-    del holder, drv, counted
-    gc.collect()
-    assert gone() is None
-    assert pool[-1] is event and len(pool) == _pools._EventPool._LIMIT + 1
-    assert calls == []  # no destroy from the collector
+    assert asyncio.run(main()) == ([5, 6], True, 0)
 
 
 # ------------------------------------------------------------------ waking a crowd on asyncio
@@ -1911,7 +1812,7 @@ def test_wait_complete_refuses_a_step_from_inside_its_busy_path_s_await() -> Non
 
     class Stream(_WaitStream):
         def _wait_busy(self, notifier: Any, started: float) -> Any:  # type: ignore[override]
-            return Odd()
+            return Odd()  # what the park returns
 
     w = _wait(Stream(), lambda h: False, _WaitNotifier())
     next(w)
@@ -1942,12 +1843,13 @@ def test_wait_complete_keeps_its_notifier_s_kind_when_a_release_runs_another_wai
     finder = _hotpath.Finder(types.SimpleNamespace(notifier=None), [], lambda: current[0])
 
     class Stream(_WaitStream):
-        async def _wait_generic(self) -> None:  # what a thread whose last wait was trio's gets
+        @staticmethod
+        async def drive(wait: Any) -> None:  # what a thread whose last wait was trio's gets
             raise AssertionError("not here: the finder's last notifier is bare each time")
 
     def run(n: Any) -> list[Any]:
         current[0] = n
-        w = _hotpath.wait_complete(Stream(), lambda h: True, 7, _hotpath.History(), finder)
+        w = _hotpath.wait_complete(_state(Stream(), lambda h: True, n, finder=finder))
         out = [w.send(None)]
         with pytest.raises(StopIteration):
             w.send(None)
@@ -1973,4 +1875,4 @@ def test_wait_complete_keeps_its_notifier_s_kind_when_a_release_runs_another_wai
     second = Notifier(checkpoint)
     assert run(second) == ["trap"]  # its own checkpoint, not a bare yield
     assert released == [[None]]  # the release's wait, on the bare third, ran meanwhile
-    assert (second._tally.completed, third._tally.completed) == (1, 1)  # each its own
+    assert (second.counters.completed, third.counters.completed) == (1, 1)  # each its own

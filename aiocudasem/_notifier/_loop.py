@@ -17,7 +17,6 @@ from ._chains import busy_elsewhere
 from ._loops import loop_adapter, never, wake
 from ._parking import Parking
 from ._points import History, Point
-from ._pools import give_back
 from ._watchdog import _watchdog
 
 if TYPE_CHECKING:
@@ -48,14 +47,16 @@ class Notifier(Parking):
         #: spin on asyncio queries again without yielding while it is empty (see
         #: ``_hotpath.spin_recorded``).
         self.ready_queue = adapter.ready_queue
-        self._spinners = 0
         # Wait histories of the streams that have no Stream object to keep one: the library's
         # private streams, and the keys of foreign events.
         self._histories: dict[tuple[int, int], History] = {}  # (id(driver), stream) ->
-        # Awaits of this loop that returned normally, one per coroutine: those that C counts
-        # (``_hotpath.wait_complete``) and those that Python counts, in a plain int (an
-        # attribute of the C counter costs Python three times as much to add to).
-        self._tally = _hotpath.Tally()
+        #: The counters that the wait in C keeps (``_hotpath.wait_complete``): the awaits it
+        #: saw return normally, and the waits spinning now (every spin counts there). Read
+        #: by :meth:`statistics` and :meth:`may_spin` only.
+        self.counters = _hotpath.Counters()
+        # The awaits of this loop that returned normally through the parks and points here, in
+        # a plain int (an attribute of the C counters costs Python three times as much to add
+        # to).
         self._completed_here = 0
         self._lifetime: AsyncGenerator[None, None] | None = None
         _live_notifiers.add(self)
@@ -66,13 +67,13 @@ class Notifier(Parking):
     @property
     def bare_yield(self) -> bool:
         """The checkpoint is asyncio's bare yield, which ``Stream.wait_complete()`` yields from
-        C (``_hotpath.wait_complete``, which reads this once per notifier); on the other loops
-        it delegates to :attr:`checkpoint`, read at each wait."""
+        C (``_hotpath.wait_complete``, which reads this and :attr:`counters` once per
+        notifier); on the other loops it awaits :attr:`checkpoint`, read at each wait."""
         return self._bare_yield
 
     @property
     def _completed(self) -> int:
-        return self._tally.completed + self._completed_here
+        return self.counters.completed + self._completed_here
 
     def statistics(self) -> dict[str, int]:
         """This loop's counters, by the names of :class:`~aiocudasem.lowlevel.Statistics`'
@@ -85,7 +86,7 @@ class Notifier(Parking):
             "armed": len(self._armed),
             "chained": sum(len(chain) for chain in self._chains.values()),
             "parked": self._asleep,
-            "spinning": self._spinners,
+            "spinning": self.counters.spinning,
             "watched": len(self._watched),
             "drainer_wakeups": self._wakeups,
             "completed": self._completed,
@@ -94,8 +95,8 @@ class Notifier(Parking):
 
     def may_spin(self) -> bool:
         """Whether one more coroutine may spin (query between checkpoints) now: fewer than
-        ``max_spinners`` do."""
-        return self._spinners < _tuning.current.max_spinners
+        ``max_spinners`` do. The wait in C asks it too."""
+        return self.counters.spinning < _tuning.current.max_spinners
 
     # ------------------------------------------------------------------ lifetime
 
@@ -163,54 +164,15 @@ class Notifier(Parking):
         event: int,
         pool: list[int],
         history: History,
-        started: float | None = None,
-        recorded: float | None = None,
+        started: float,
+        recorded: float,
     ) -> None:
-        """Wait for ``event``, just recorded on ``stream`` and taken from ``pool``, where it
-        goes back afterwards (``Stream.wait_complete``, with the stream's ``history``). The
-        same as :meth:`wait` on a new point, but the spin phase runs here, on the raw event,
-        and a point is made only to park: most awaits of short work never make one, and each
-        round of the spin resumes as few frames as possible. ``started``: the wait already
-        passed its first checkpoint, which began then (a ``time.perf_counter()``), and found
-        the stream busy after it; the event was recorded just now, so it is not queried before
-        the next checkpoint. ``recorded``: the event was recorded then, and the wait spun on it
-        already (on asyncio, in C: ``_hotpath.spin_recorded``); it parks at once."""
-        if recorded is None:
-            clock = time.perf_counter
-            # The event was recorded just now, and nothing ran since: a wait of this loop that
-            # began before this instant may share it, once it is a point (see shared_point()).
-            recorded = clock()
-            query = driver.event_query
-            try:
-                if started is None:
-                    started = clock()
-                    await self.checkpoint()
-                    ready = query(event)
-                else:
-                    ready = False
-                if not ready and self.may_spin():
-                    deadline = started + history.spin_window()
-                    if deadline > started:
-                        checkpoint = self.checkpoint
-                        self._spinners += 1
-                        try:
-                            while True:
-                                await checkpoint()
-                                ready = query(event)
-                                if ready or clock() >= deadline:
-                                    break
-                        finally:
-                            self._spinners -= 1
-            except BaseException:
-                give_back(driver, pool, event)
-                raise
-            if ready:
-                self._completed_here += 1
-                history.learn(clock() - started)
-                give_back(driver, pool, event)
-                return
-        elif started is None:
-            started = recorded  # a wait given no start began at its record
+        """Park on ``event``, recorded on ``stream`` at ``recorded`` (a ``time.perf_counter()``)
+        and taken from ``pool``, where it goes back afterwards, for a wait of
+        ``Stream.wait_complete()`` that began at ``started`` and has spun already, if it might
+        (``_hotpath.wait_complete``, which calls this): the same as :meth:`wait` on a new point
+        past its spin, with the stream's ``history``. Most awaits of short work never get
+        here, and never make a point."""
         point = Point(driver, device, stream, event, pool, history)
         point.started = started
         point.recorded = recorded
@@ -412,14 +374,15 @@ class Notifier(Parking):
             return
         deadline = point.started + window
         checkpoint, query, clock = self.checkpoint, self._query, time.perf_counter
-        self._spinners += 1
+        counters = self.counters
+        counters.spinning += 1
         try:
             while True:
                 await checkpoint()
                 if point.done or query(point) or clock() >= deadline:
                     return
         finally:
-            self._spinners -= 1
+            counters.spinning -= 1
 
 
 _live_notifiers: weakref.WeakSet[Notifier] = weakref.WeakSet()
