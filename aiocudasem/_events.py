@@ -39,7 +39,6 @@ import threading
 import warnings
 import weakref
 from collections import OrderedDict
-from functools import partial
 from typing import TYPE_CHECKING, Final
 
 import anyio
@@ -68,13 +67,14 @@ class BaseEvent(Owned):
 
     __slots__ = ()
 
+    @staticmethod
+    def _destroy(driver: Driver, handle: int) -> None:
+        _destroy_event(driver, handle)
+
     @property
     def _event_driver(self) -> Driver:
         """The driver the event belongs to."""
         raise NotImplementedError
-
-    def _release(self) -> None:
-        _destroy_event(self._event_driver, self._handle)
 
     async def wait(self) -> None:
         """Wait until the event's work has completed (each kind says which work)."""
@@ -103,8 +103,7 @@ class Event(BaseEvent):
         self._point = Point(
             stream._driver, stream._device, stream._handle, handle, None, stream._history
         )
-        # Collected events are released at the library's next use, not inside the collector.
-        self._own(handle, partial(_destroy_event, stream._driver, handle))
+        self._own(handle, stream._driver, handle)
         return self
 
     @property

@@ -10,7 +10,6 @@ this process, so waiting on it goes through the same path as :func:`~aiocudasem.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Final
 
 import anyio
@@ -20,7 +19,7 @@ from . import _release
 from ._checks import resolve_device, resolve_driver
 from ._entries import driver_label
 from ._errors import DeviceMismatchError
-from ._events import BaseEvent, _destroy_event
+from ._events import BaseEvent
 from ._lifetime import OnDevice
 from ._notifier import wait_private_stream
 from ._stream import Stream
@@ -83,7 +82,7 @@ class IpcEvent(BaseEvent, OnDevice):
         self._device = device
         self._opened = opened
         self._waiters = 0
-        self._own(handle, partial(_destroy_event, driver, handle))
+        self._own(handle, driver, handle)
         return self
 
     def _describe(self) -> str:

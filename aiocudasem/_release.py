@@ -26,10 +26,12 @@ from ._errors import AiocudasemError, DeviceFaultError, DriverUnavailableError
 from ._loopcall import call_soon
 
 __all__ = (
+    "collected",
     "defer",
     "flush",
     "in_thread",
     "in_worker",
+    "now",
     "pending",
     "release",
     "release_quietly",
@@ -39,28 +41,60 @@ __all__ = (
 _deferred: deque[tuple[Callable[[], None], str, bool]] = deque()
 
 
+def now(destroy: Callable[[], None]) -> None:
+    """Release now (``close()``, ``aclose()``): a device fault is no error (the faulted context
+    took the object with it); other failures raise."""
+    _run(destroy, "", collected=False)
+
+
 def release(destroy: Callable[[], None], what: str, collected: bool) -> None:
-    """Release now (``aclose()``), or, from a finalizer (``collected``), queue the release for
-    :func:`flush` and warn with a ``ResourceWarning``. The queueing comes first, so that
-    warnings-as-errors cannot skip the release. The leak is logged (and counted) by
-    :func:`flush`, not here: a finalizer may run inside any allocation, even one made while the
-    logging module or a handler holds a lock, so it calls no handler and takes no lock."""
+    """Release now (:func:`now`), or, from a finalizer (``collected``), as :func:`collected`
+    does for an object that warns."""
     if not collected:
         _run(destroy, what, collected=False)
         return
-    _deferred.append((destroy, what, True))
-    warnings.warn(
-        f"{what} was collected without close() or aclose(); it is released at the library's "
-        "next use",
-        ResourceWarning,
-        stacklevel=2,
-    )
+    _collected(destroy, what, warn=True, inline=False)
+
+
+def collected(
+    destroy: Callable[[], None], what: str, *, warn: bool = True, inline: bool = False
+) -> None:
+    """From a finalizer: queue the release for :func:`flush` (``inline``: release now, for a
+    release that takes no lock that Python code can hold) and, if ``warn``, warn with a
+    ``ResourceWarning``. The queueing comes first, so that warnings-as-errors cannot skip the
+    release. The leak is logged (and counted) by :func:`flush`, not here: a finalizer may run
+    inside any allocation, even one made while the logging module or a handler holds a lock,
+    so it calls no handler and takes no lock."""
+    _collected(destroy, what, warn=warn, inline=inline)
+
+
+def _collected(destroy: Callable[[], None], what: str, *, warn: bool, inline: bool) -> None:
+    later = "it is released at the library's next use"
+    if inline:
+        try:
+            destroy()
+        except Exception:  # flush() tries again, and reports a second failure
+            pass
+        else:
+            destroy, later = _nothing, "it was released"
+    if warn or destroy is not _nothing:
+        _deferred.append((destroy, what, warn))
+    if warn:
+        warnings.warn(
+            f"{what} was collected without close() or aclose(); {later}",
+            ResourceWarning,
+            stacklevel=3,
+        )
+
+
+def _nothing() -> None:
+    pass
 
 
 def defer(destroy: Callable[[], None], what: str) -> None:
     """From a finalizer of an object that may be left to the collector (an Event): queue its
     release for :func:`flush`, without a warning."""
-    _deferred.append((destroy, what, False))
+    _collected(destroy, what, warn=False, inline=False)
 
 
 def pending() -> int:

@@ -12,9 +12,6 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Final
 
-import anyio
-import anyio.lowlevel
-
 from . import _log, _release
 from ._abandon import Abandonable
 from ._checks import check_device, check_open_fd, check_ordinal, check_uint, resolve_driver
@@ -51,11 +48,21 @@ class ExternalSemaphore(Abandonable):
     into a device. Get one from :func:`import_semaphore`; there is no public constructor.
 
     Use it in :class:`Wait` and :class:`Signal` entries on a stream, or await it from the host
-    with :meth:`wait_value` / :meth:`wait_signaled`. Release it with ``aclose()``, ``close()``
-    or ``async with``; a forgotten one is destroyed when collected, with a
-    ``ResourceWarning``. Closing it wakes the tasks parked in its host waits with
-    ``anyio.ClosedResourceError``. If its producer is gone, :meth:`abandon` releases the
-    streams that wait on it.
+    with :meth:`wait_value` / :meth:`wait_signaled`. If its producer is gone, :meth:`abandon`
+    releases the streams that wait on it.
+
+    Release it with ``aclose()``, ``close()`` or ``async with``; a forgotten one is destroyed
+    when collected, with a ``ResourceWarning``. Waits and signals already enqueued must have
+    completed first: CUDA requires it. The semaphore's underlying object (the Vulkan one, say)
+    is not affected. ``cuDestroyExternalSemaphore`` waits until the device has no blocked work
+    (seen on an H200: it did not return while any stream waited on an external semaphore), so
+    a thread of its own destroys it: ``close()`` returns at once, and ``aclose()`` waits for
+    that thread without blocking the event loop. Closing it wakes the tasks parked in
+    :meth:`wait_value` or :meth:`wait_signaled` at once with ``anyio.ClosedResourceError``, but
+    their GPU waits stay enqueued: if the producer is gone, call :meth:`abandon` first, or
+    ``aclose()`` waits for ever (it logs a WARNING that says so after a few seconds).
+    Cancelling ``aclose()`` abandons the wait for the thread; the semaphore is still destroyed
+    once the device allows it.
     """
 
     __slots__ = ("_settle", "_type")
@@ -64,6 +71,15 @@ class ExternalSemaphore(Abandonable):
     _settle: list[Callable[[], None]]
     _factory = "use aiocudasem.import_semaphore() to import an external semaphore"
     _noun = "external semaphore"
+    _destroy_blocks = True  # cuDestroyExternalSemaphore waits until no stream is blocked
+
+    @staticmethod
+    def _destroy(driver: Driver, handle: int, settle: list[Callable[[], None]]) -> None:
+        """Destroy once the signals of abandon() are done: CUDA requires every signal of a
+        semaphore to have completed before it is destroyed."""
+        while settle:
+            settle.pop()()
+        driver.destroy_semaphore(handle)
 
     @classmethod
     def _create(cls, driver: Driver, device: int, handle: int, handle_type: HandleType) -> Self:
@@ -73,8 +89,7 @@ class ExternalSemaphore(Abandonable):
         self._type = handle_type
         self._init_waits(binary=info(handle_type).sync == "binary")
         self._settle = []
-        # The deferred release may run on an event loop's thread: destroy off it (see aclose).
-        self._own(handle, partial(_destroy_in_thread, driver, handle, self._settle))
+        self._own(handle, driver, handle, self._settle)
         return self
 
     def _describe(self) -> str:
@@ -82,9 +97,6 @@ class ExternalSemaphore(Abandonable):
             f"aiocudasem.ExternalSemaphore {self._handle:#x} ({self._type.name}, "
             f"device {self._device})"
         )
-
-    def _release(self) -> None:
-        _destroy_in_thread(self._driver, self._handle, self._settle)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"handle={self._handle:#x}"
@@ -100,35 +112,6 @@ class ExternalSemaphore(Abandonable):
         """True for fence-like semaphores (a wait completes at value >= N), False for binary
         ones (one wait per signal), keyed mutexes and NvSciSync objects."""
         return info(self._type).sync == "fence"
-
-    def close(self) -> None:
-        """Destroy the imported semaphore without waiting: a worker thread destroys it as soon
-        as the device allows (see :meth:`aclose`). Idempotent."""
-        super().close()
-
-    async def aclose(self) -> None:
-        """Destroy the imported semaphore. Idempotent, and always a checkpoint.
-
-        Waits and signals already enqueued must have completed: CUDA requires it. The
-        semaphore's underlying object (the Vulkan one, say) is not affected.
-
-        ``cuDestroyExternalSemaphore`` waits until the device has no blocked work (seen on an
-        H200: it did not return while any stream waited on an external semaphore), so it runs
-        in a thread of its own and this waits for it without blocking the event loop. Tasks
-        parked in :meth:`wait_value` or :meth:`wait_signaled` are woken at once with
-        ``anyio.ClosedResourceError``, but their GPU waits stay enqueued: if the producer is
-        gone, call :meth:`abandon` first, or this waits for ever (it logs a WARNING that says
-        so after a few seconds). Cancelling abandons the wait for the thread; the semaphore is
-        still destroyed once the device allows it.
-        """
-        if not self._claim():
-            await anyio.lowlevel.checkpoint()
-            return
-        await _release.in_worker(
-            partial(_destroy, self._driver, self._handle, self._settle),
-            self._describe(),
-            partial(_destroy_in_thread, self._driver, self._handle, self._settle),
-        )
 
     def abandon(self, value: int | None = None) -> None:
         """Give up on the producer: release every GPU wait on this semaphore, from this side.
@@ -289,18 +272,6 @@ def _signal_each(driver: Driver, device: int, handle: int, pending: list[int]) -
                 driver.event_destroy(e)
             except AiocudasemError:
                 pass
-
-
-def _destroy(driver: Driver, handle: int, settle: list[Callable[[], None]]) -> None:
-    """Destroy once the signals of abandon() are done: CUDA requires every signal of a
-    semaphore to have completed before it is destroyed."""
-    while settle:
-        settle.pop()()
-    driver.destroy_semaphore(handle)
-
-
-def _destroy_in_thread(driver: Driver, handle: int, settle: list[Callable[[], None]]) -> None:
-    _release.in_thread(partial(_destroy, driver, handle, settle), "an ExternalSemaphore")
 
 
 def import_semaphore(

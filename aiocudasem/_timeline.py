@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Final
 import anyio
 import anyio.lowlevel
 
-from . import _hostword, _release
+from . import _hostword
 from ._abandon import Abandonable
 from ._checks import check_open_fd, check_uint, resolve_device
 from ._errors import AiocudasemError, DeviceFaultError, DriverUnavailableError
@@ -102,10 +102,13 @@ class HostTimeline(Abandonable):
 
     ``handle`` is the device address of the value. Release it with ``aclose()``, ``close()``
     or ``async with``: the page is unregistered and unmapped once every operation enqueued on
-    it has completed, so releasing it never pulls it from under the GPU. Once released, this
-    object signals nothing: a pending wait must be satisfied by another process or another
-    object opened on the same page. A wait that can never be satisfied (its producer is gone)
-    would hold the page forever: :meth:`abandon` first. Closing it wakes the tasks parked in
+    it has completed, so releasing it never pulls it from under the GPU (other processes keep
+    theirs). That wait blocks, so a thread of its own releases it: ``close()`` returns at once,
+    and ``aclose()`` waits for that thread without blocking the event loop (cancelling it
+    leaves the release to the thread). Once released, this object signals nothing: a pending
+    wait must be satisfied by another process or another object opened on the same page. A
+    wait that can never be satisfied (its producer is gone) would hold the page forever, and
+    ``aclose()`` with it: :meth:`abandon` first. Closing it wakes the tasks parked in
     :meth:`wait_value` with ``anyio.ClosedResourceError``.
     """
 
@@ -116,6 +119,11 @@ class HostTimeline(Abandonable):
     MAX: Final = LIMIT - 1
     _factory = "use aiocudasem.create_host_timeline() or aiocudasem.open_host_timeline()"
     _noun = "host timeline"
+    _destroy_blocks = True  # waits until the GPU is done with the page
+
+    @staticmethod
+    def _destroy(driver: Driver, page: _Page) -> None:
+        _release_page(driver, page)
 
     @classmethod
     def _create(cls, driver: Driver, device: int, fd: int) -> Self:
@@ -131,14 +139,11 @@ class HostTimeline(Abandonable):
         self._device = device
         self._page = page
         self._init_waits()
-        self._own(devptr, partial(_release_in_thread, driver, page))
+        self._own(devptr, driver, page)
         return self
 
     def _describe(self) -> str:
         return f"aiocudasem.HostTimeline at {self._page.address:#x} (device {self._device})"
-
-    def _release(self) -> None:
-        _release_in_thread(self._driver, self._page)
 
     def __repr__(self) -> str:
         try:
@@ -265,27 +270,6 @@ class HostTimeline(Abandonable):
         _detached.append(self._page)
         return address
 
-    def close(self) -> None:
-        """Release without waiting: a worker thread waits until every operation enqueued on
-        the timeline has completed, then unregisters and unmaps its page. Idempotent."""
-        super().close()
-
-    async def aclose(self) -> None:
-        """Release, and wait until it is done: every operation enqueued on the timeline has
-        completed, and its page is unregistered and unmapped (other processes keep theirs).
-        Idempotent, and always a checkpoint.
-
-        A GPU wait that is never satisfied keeps the page, and this waits for it; cancelling
-        this leaves the release to a worker thread, as :meth:`close` does."""
-        if not self._claim():
-            await anyio.lowlevel.checkpoint()
-            return
-        await _release.in_worker(
-            partial(_release_page, self._driver, self._page),
-            self._describe(),
-            partial(_release_in_thread, self._driver, self._page),
-        )
-
 
 def _check_value(value: object) -> int:
     return check_uint("a host timeline's value", value, LIMIT)
@@ -360,10 +344,6 @@ def _release_page(driver: Driver, page: _Page) -> None:
         # still tracks. The release reports the error.
         raise
     page.unmap()
-
-
-def _release_in_thread(driver: Driver, page: _Page) -> None:
-    _release.in_thread(partial(_release_page, driver, page), "an aiocudasem.HostTimeline")
 
 
 def _new_fd(initial: int) -> int:

@@ -24,6 +24,7 @@ from ._driver import SemOp as SemOp
 from ._errors import AiocudasemError as _AiocudasemError
 from ._handles import HANDLE_TYPES as HANDLE_TYPES
 from ._handles import HandleInfo as HandleInfo
+from ._lifetime import Lifetime as _Lifetime
 from ._notifier import Statistics as Statistics
 from ._notifier import statistics as statistics
 from ._notify import HOST_FN as _HOST_FN
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 HOST_FUNCTION: int = _HOST_FN
 
 
-class HostNotifier:
+class HostNotifier(_Lifetime):
     """A completion queue with one wake-up fd, filled by the library's GIL-free C host
     function: the core of the notifier, with nothing around it.
 
@@ -52,14 +53,27 @@ class HostNotifier:
 
     A host function delays the work behind it on its stream until it returns (about 40 us on
     an H200 with this one). The library's own waits avoid that with a side stream per work
-    stream and do not use this class. :meth:`close` closes the fd at once and is safe while
-    host functions are still outstanding; after a device fault they never run.
+    stream and do not use this class.
+
+    Close it with :meth:`close`, ``aclose()``, ``with`` or ``async with``; that closes the fd
+    at once and is safe while host functions are still outstanding (after a device fault they
+    never run). A forgotten one is closed when collected, with a ``ResourceWarning``.
     """
 
     __slots__ = ("_c",)
+    _noun = "host notifier"
+    _destroy_in_collector = True  # closing takes no lock that Python code holds
+
+    @staticmethod
+    def _destroy(c: _CNotifier) -> None:
+        c.close()
 
     def __init__(self) -> None:
         self._c = _CNotifier()
+        self._track(self._c)
+
+    def _describe(self) -> str:
+        return f"aiocudasem.lowlevel.HostNotifier (fd {self._c.fileno()})"
 
     def launch(self, driver: Driver, stream: int, token: int) -> None:
         """Enqueue the host function on ``stream`` (a driver handle). ``token`` is an int in
@@ -89,15 +103,6 @@ class HostNotifier:
     def fileno(self) -> int:
         """The wake-up fd: readable while tokens wait to be drained."""
         return self._c.fileno()
-
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`close` has been called."""
-        return self._c.closed
-
-    def close(self) -> None:
-        """Close the fd. Idempotent."""
-        self._c.close()
 
     def __enter__(self) -> HostNotifier:
         return self
