@@ -96,7 +96,8 @@ class Lifetime:
         """Start the object's life: ``_destroy(*state)`` releases it. No state, or a single
         None: nothing to release (a borrowed handle)."""
         cls = type(self)
-        destroy = None if not state or state == (None,) else partial(cls._destroy, *state)
+        nothing = not state or (len(state) == 1 and state[0] is None)
+        destroy = None if nothing else partial(cls._destroy, *state)
         self._destroyer = destroy
         self._open = True
         if cls._warn_when_collected:
