@@ -59,10 +59,6 @@ if TYPE_CHECKING:
 __all__ = ("Lifetime", "OnDevice", "Owned")
 
 
-def _call(release: Callable[[], None], /) -> None:
-    release()
-
-
 class Lifetime:
     """Base of the objects that must be released: the lifetime that follows from ``_destroy``
     and ``_destroy_blocks`` (see the module)."""
@@ -88,16 +84,15 @@ class Lifetime:
     #: False for objects that may be left to the collector on purpose (events).
     _warn_when_collected: ClassVar[bool] = True
 
-    #: Destroys from the state given to :meth:`_track`: a static method of the class. By
-    #: default the state is one callable that releases.
-    _destroy: ClassVar[Callable[..., None]] = staticmethod(_call)
+    #: Destroys from the state given to :meth:`_track`: a static method that each class
+    #: states.
+    _destroy: ClassVar[Callable[..., None]]
 
     def _track(self, *state: object) -> None:
-        """Start the object's life: ``_destroy(*state)`` releases it. No state, or a single
-        None: nothing to release (a borrowed handle)."""
+        """Start the object's life: ``_destroy(*state)`` releases it. No state: nothing to
+        release (a borrowed handle)."""
         cls = type(self)
-        nothing = not state or (len(state) == 1 and state[0] is None)
-        destroy = None if nothing else partial(cls._destroy, *state)
+        destroy = partial(cls._destroy, *state) if state else None
         self._destroyer = destroy
         self._open = True
         if cls._warn_when_collected:

@@ -33,7 +33,6 @@ __all__ = (
     "in_worker",
     "now",
     "pending",
-    "release",
     "release_quietly",
 )
 
@@ -45,15 +44,6 @@ def now(destroy: Callable[[], None]) -> None:
     """Release now (``close()``, ``aclose()``): a device fault is no error (the faulted context
     took the object with it); other failures raise."""
     _run(destroy, "", collected=False)
-
-
-def release(destroy: Callable[[], None], what: str, collected: bool) -> None:
-    """Release now (:func:`now`), or, from a finalizer (``collected``), as :func:`collected`
-    does for an object that warns."""
-    if not collected:
-        _run(destroy, what, collected=False)
-        return
-    _collected(destroy, what, warn=True, inline=False)
 
 
 def collected(
@@ -163,7 +153,7 @@ async def in_worker(destroy: Callable[[], None], what: str, abandoned: Callable[
             return
         error: BaseException | None = None
         try:
-            release(destroy, what, False)
+            now(destroy)
         except BaseException as exc:
             error = exc
         if handoff.finish(error):

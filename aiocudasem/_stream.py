@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from functools import partial
 from typing import TYPE_CHECKING, Any, Final, NoReturn, overload
 
 import anyio
@@ -84,6 +83,9 @@ class Stream(OnDevice):
     _owned: bool
     _factory = "use aiocudasem.open_stream() or Stream.adopt() to get a Stream"
     _noun = "stream"
+    #: An owned stream is destroyed with its side stream; the driver frees it once its
+    #: enqueued work completes, so destroying returns at once.
+    _destroy = staticmethod(destroy_stream)
 
     @classmethod
     def _create(
@@ -112,7 +114,10 @@ class Stream(OnDevice):
             record_first=handle <= _DEFAULT_STREAMS,
         )
         self._waited_on = collections.deque(maxlen=_WAITS_KEPT)
-        self._own(handle, partial(destroy_stream, driver, handle) if owned else None)
+        if owned:
+            self._own(handle, driver, handle)
+        else:
+            self._own(handle)  # borrowed: nothing to destroy
         return self
 
     def _describe(self) -> str:
@@ -122,12 +127,6 @@ class Stream(OnDevice):
         # A wait past its first checkpoint reads the closed state from the history, in C.
         self._history.closed = True
         return super()._claim()
-
-    def _release(self) -> None:
-        if self._owned:
-            _release.release(
-                partial(destroy_stream, self._driver, self._handle), self._describe(), False
-            )
 
     @classmethod
     def adopt(cls, stream: object, *, driver: Driver | str | None = None) -> Stream:

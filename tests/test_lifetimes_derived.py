@@ -93,9 +93,13 @@ def test_the_classes_state_their_release_once() -> None:
     """Each class gives ``_destroy`` and, where it blocks, ``_destroy_blocks``; none restates
     its release in ``close()``, ``aclose()`` or ``_release()``, except ``Stream``, whose
     ``aclose()`` first waits for its work."""
-    for cls in (acs.ExternalSemaphore, acs.HostTimeline, acs.Event, acs.IpcEvent, HostNotifier):
-        assert cls._destroy is not _lifetime.Lifetime._destroy, cls
-        for name in ("_release", "aclose", "__aexit__"):
+    assert not hasattr(_lifetime.Lifetime, "_destroy")  # no default: each class states it
+    classes = (acs.ExternalSemaphore, acs.HostTimeline, acs.Event, acs.IpcEvent, HostNotifier)
+    for cls in (*classes, acs.Stream):
+        assert callable(cls._destroy), cls
+        assert cls._release is _lifetime.Lifetime._release, cls
+    for cls in classes:
+        for name in ("aclose", "__aexit__"):
             assert getattr(cls, name) is getattr(_lifetime.Lifetime, name), (cls, name)
     # The two objects whose destruction blocks share one aclose().
     assert acs.ExternalSemaphore._destroy_blocks and acs.HostTimeline._destroy_blocks
