@@ -21,6 +21,10 @@ from ._errors import UnsupportedHandleTypeError as UnsupportedHandleTypeError
 from ._errors import VulkanError as VulkanError
 from ._errors import VulkanUnavailableError as VulkanUnavailableError
 from ._events import Event as Event
+from ._events import IpcEvent as IpcEvent
+from ._events import IpcEventHandle as IpcEventHandle
+from ._events import create_ipc_event as create_ipc_event
+from ._events import open_ipc_event as open_ipc_event
 from ._events import wait_event as wait_event
 from ._graphs import add_signal_node as add_signal_node
 from ._graphs import add_wait_node as add_wait_node
@@ -30,10 +34,6 @@ from ._graphs import set_wait_node as set_wait_node
 from ._graphs import signal_nodes as signal_nodes
 from ._graphs import wait_nodes as wait_nodes
 from ._handles import HandleType as HandleType
-from ._ipc import IpcEvent as IpcEvent
-from ._ipc import IpcEventHandle as IpcEventHandle
-from ._ipc import create_ipc_event as create_ipc_event
-from ._ipc import open_ipc_event as open_ipc_event
 from ._notifier import Tuning as Tuning
 from ._notifier import configure as configure
 from ._processes import receive_host_timeline as receive_host_timeline

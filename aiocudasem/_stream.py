@@ -28,7 +28,7 @@ from ._errors import (
     DeviceMismatchError,
     UnsupportedFeatureError,
 )
-from ._events import BaseEvent, Event
+from ._events import BaseEvent, Event, RecordingStream
 from ._hotpath import WaitComplete, WaitState
 from ._hotpath import wait_complete as _wait_complete
 from ._lifetime import OnDevice
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from types import TracebackType
     from typing import Self
 
-    from ._ipc import IpcEvent
+    from ._events import IpcEvent
 
 __all__ = ("Event", "HandOff", "Stream", "open_stream", "wait_external_semaphores", "wait_stream")
 
@@ -434,11 +434,14 @@ class _WaitHooks:
     async def drive(wait: WaitComplete) -> None:
         """The wait's steps, from Python: for a loop whose checkpoint is a coroutine (trio),
         which runs inline here rather than entering the interpreter anew for each of its steps
-        from C. The steps themselves, and every decision, are the C ones."""
-        step = wait.step
+        from C. The steps themselves, and every decision, are the C ones. (``wait.step()`` is
+        called as a method each time: a bound ``step`` kept in a local would be one more object
+        made per await, which shows on trio's cost per await.)"""
         try:
-            while (todo := step()) is not None:
+            todo = wait.step()
+            while todo is not None:
                 await todo
+                todo = wait.step()
         except BaseException:
             wait.close()
             raise
@@ -521,6 +524,9 @@ def _capturing_error(exc: CudaError | None) -> CudaError:
         f"launched, and there is nothing to await ({what}). End the capture, instantiate the "
         "graph and await aiocudasem.launch_graph() instead"
     )
+
+
+RecordingStream.register(Stream)  # what IpcEvent.record() takes
 
 
 class HandOff:
