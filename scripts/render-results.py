@@ -1,0 +1,412 @@
+#!/usr/bin/env python3
+"""Render the tables of a benchmark results file as Markdown.
+
+    python3 scripts/render-results.py RESULTS.json[.gz]           # print them
+    python3 scripts/render-results.py RESULTS.json[.gz] --write   # update the pages
+
+RESULTS is the ``results.json`` that ``aiocudasem bench`` writes (or a gzip'ed copy of it, as
+kept in ``benchmarks/``). Everything comes from that file: its ``meta`` (date, GPU, host,
+versions), its ``summary`` (median, lowest and highest round of each figure), its ``paired``
+rounds and the approaches' labels. Neither the package nor a GPU is needed.
+
+Two blocks:
+
+- **results**: one small table per event loop (asyncio, trio; uvloop is named as not
+  benchmarked unless the file has it): wake latency inside the spin window and when parked,
+  throughput against busy polling in the paired rounds, CPU while parked against a bare C host
+  function, and GPU time per await on the work stream.
+- **results-detail**: every approach of the run, the crowds and the host-signal figures.
+
+``--write`` replaces the text between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` in
+README.md (the results block) and docs/performance.md (both blocks), and fails if a page lacks
+the markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import re
+import statistics
+import sys
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The pages --write updates, and the blocks each one holds.
+PAGES: dict[str, tuple[str, ...]] = {
+    "README.md": ("results",),
+    "docs/performance.md": ("results", "results-detail"),
+}
+#: aiocudasem's stall figure is the GPU time of this many (kernel + notification) pairs.
+STALL_AWAITS = 100
+
+Fig = dict[str, float] | None
+
+
+def load(path: Path) -> dict[str, Any]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        data: dict[str, Any] = json.load(f)
+    if "meta" not in data or "summary" not in data:
+        raise SystemExit(f"{path}: not a results file of `aiocudasem bench` (no meta/summary)")
+    return data
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def fmt(x: float, spec: str) -> str:
+    """``format(x, spec)`` for specs such as ``.1f`` and ``+.2f``, rounding halves up as
+    written in the file (1.025 -> 1.03), not as the nearest binary float does."""
+    sign = spec.startswith("+")
+    digits = int(spec.lstrip("+.").rstrip("f"))
+    q = Decimal(repr(x)).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP)
+    text = f"{q:f}"
+    if q == 0 and text.startswith("-"):
+        text = text[1:]
+    return ("+" + text if sign and not text.startswith("-") else text) if sign else text
+
+
+def med(fig: Fig) -> float | None:
+    return None if not fig else fig["median"]
+
+
+def spread(fig: Fig, spec: str = ".1f", unit: str = "", scale: float = 1.0) -> str:
+    """``median [lowest-highest]`` with a unit, or ``n/a``."""
+    if not fig:
+        return "n/a"
+    m, lo, hi = (fmt(fig[k] * scale, spec) for k in ("median", "min", "max"))
+    if fig.get("runs", 2) == 1 or lo == hi:
+        return f"{m}{unit}"
+    return f"{m}{unit} [{lo}-{hi}]"
+
+
+def rate(x: float | None) -> str:
+    """Awaits per second, as 81.0k."""
+    return "n/a" if x is None else f"{fmt(x / 1000, '.1f')}k"
+
+
+def cpu(fig: Fig) -> str:
+    """Cores as a percentage of one: two decimals for a sleeper, none for a poller."""
+    if not fig:
+        return "n/a"
+    return spread(fig, ".2f" if fig["median"] < 0.5 else ".0f", " %", 100)
+
+
+def signed(x: float, spec: str = ".1f") -> str:
+    return fmt(x, "+" + spec)
+
+
+def source_digest(root: Path) -> str | None:
+    """The digest ``aiocudasem bench`` records (``aiocudasem.cli.bench._report.source_digest``),
+    computed from this checkout's files, or None where there is no package source."""
+    pkg = root / "aiocudasem"
+    if not pkg.is_dir():
+        return None
+    h = hashlib.sha256()
+    for path in sorted(pkg.rglob("*")):
+        if path.suffix in (".py", ".c", ".pyi", ".cu") and "__pycache__" not in path.parts:
+            h.update(path.relative_to(pkg).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+# ---------------------------------------------------------------- the blocks
+
+
+def header(data: dict[str, Any]) -> list[str]:
+    meta = data["meta"]
+    gpu = meta.get("gpu", {})
+    smi = gpu.get("nvidia-smi", "")
+    driver = smi.split(",")[-1].strip() if "," in smi else ""
+    device = gpu.get("device", "unknown GPU")
+    on = f"one {device}" + (f" (driver {driver})" if driver else "")
+    if meta.get("devices", 1) > 1:
+        on = f"{meta['devices']} devices, the first {device}"
+    versions = meta.get("versions", {})
+    py = f", Python {versions['python']}" if "python" in versions else ""
+    repeats = meta.get("repeats", 1)
+    lines = []
+    if meta.get("simulated"):
+        lines += [
+            "**SIMULATED device: these figures say nothing about GPU performance.**",
+            "",
+        ]
+    lines.append(
+        f"Measured {meta.get('date', 'on an unknown date')} on {on}, host "
+        f"{meta.get('host', 'unknown')}{py}, with `aiocudasem bench`: {repeats} interleaved "
+        f"round{'s' if repeats != 1 else ''}; each cell is the median round, with the lowest "
+        "and highest in brackets."
+    )
+    recorded = re.search(r"source digest (\w+)", meta.get("commit", ""))
+    current = source_digest(ROOT)
+    if recorded and current and recorded.group(1) != current:
+        lines.append(
+            "The package's source has changed since this run: these figures are not measured "
+            "on the current code."
+        )
+    return lines
+
+
+def paired(data: dict[str, Any], loop: str, n: str) -> tuple[Fig, float | None]:
+    """aiocudasem's ratio to busy polling in the paired rounds, and polling's awaits/s."""
+    ratio = data["summary"].get("paired", {}).get(loop, {}).get(n, {}).get("aiocudasem")
+    rounds = data.get("paired", {}).get(loop, {}).get(n, {}).get("poll0")
+    return ratio, (statistics.median(rounds) if rounds else None)
+
+
+def per_await_us(sums: dict[str, Any], name: str) -> float | None:
+    """Work-stream GPU time per await over blocking sync's, in microseconds (medians)."""
+    stall, floor = (
+        med(sums.get(name, {}).get("stall_ms")),
+        med(sums.get("sync", {}).get("stall_ms")),
+    )
+    if stall is None or floor is None:
+        return None
+    return (stall - floor) * 1e3 / STALL_AWAITS
+
+
+def gpu_us(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{signed(x / 1e3, '.2f')} ms" if abs(x) >= 1000 else f"{signed(x)} us"
+
+
+def loop_table(data: dict[str, Any], loop: str) -> list[str]:
+    summary = data["summary"]
+    sums: dict[str, Any] = (
+        {k: v for k, v in summary.items() if k not in ("trio", "signal", "paired", "uvloop")}
+        if loop == "asyncio"
+        else summary.get(loop, {})
+    )
+    mine = sums.get("aiocudasem", {})
+    sync = med(sums.get("sync", {}).get("wake_us"))
+    rows = ["| figure | aiocudasem | compared with |", "|---|---|---|"]
+
+    def over_sync(fig: Fig) -> str:
+        m = med(fig)
+        return "" if m is None or sync is None else f" ({signed(m - sync)} over blocking sync)"
+
+    wake = mine.get("wake_us")
+    rows.append(
+        f"| wake latency, 100 us kernel, inside the spin window | {spread(wake, unit=' us')}"
+        f"{over_sync(wake)} | blocking `cuStreamSynchronize`, which freezes the loop: "
+        f"{spread(sums.get('sync', {}).get('wake_us'), unit=' us')}; busy polling: "
+        f"{spread(sums.get('poll0', {}).get('wake_us'), unit=' us')} |"
+    )
+    parked = sums.get("aiocudasem_parked", {}).get("wake_us")
+    if parked:
+        bare = spread(sums.get("c_workstream", {}).get("wake_us"), unit=" us")
+        rows.append(
+            f"| wake latency, 100 us kernel, parked (spinning off) | "
+            f"{spread(parked, unit=' us')}{over_sync(parked)} | a bare C host function with "
+            f"an eventfd, no library: {bare} |"
+        )
+    else:
+        rows.append(f"| wake latency, parked (spinning off) | not measured on {loop} | |")
+    for n in ("1", "8"):
+        ratio, poll = paired(data, loop, n)
+        streams = "1 stream" if n == "1" else f"{n} streams"
+        rows.append(
+            f"| awaits per second, {streams}, paired rounds | "
+            f"{spread(ratio, '.2f', ' x')} busy polling | busy polling: {rate(poll)}/s, and a "
+            "whole core |"
+        )
+    if mine.get("cpu_parked"):
+        rows.append(
+            f"| CPU while 1,000 coroutines are parked | {cpu(mine.get('cpu_parked'))} of a "
+            f"core | a bare C host function, no library: "
+            f"{cpu(sums.get('c_workstream', {}).get('cpu_parked'))}; "
+            f"busy polling: {cpu(sums.get('poll0', {}).get('cpu_parked'))} |"
+        )
+    else:
+        rows.append(f"| CPU while 1,000 coroutines are parked | not measured on {loop} | |")
+    mine_gpu = per_await_us(sums, "aiocudasem")
+    if mine_gpu is not None:
+        rows.append(
+            f"| work-stream GPU time per await, loop busy (medians) | {gpu_us(mine_gpu)} | a C "
+            f"host function on the work stream: {gpu_us(per_await_us(sums, 'c_workstream'))}; "
+            f"a Python host callback: {gpu_us(per_await_us(sums, 'pycallback'))} |"
+        )
+    else:
+        rows.append(f"| work-stream GPU time per await | not measured on {loop} | |")
+    return [f"### {loop}", "", *rows]
+
+
+def results_block(data: dict[str, Any]) -> str:
+    lines = header(data)
+    lines += ["", *loop_table(data, "asyncio")]
+    if data["summary"].get("trio"):
+        lines += ["", *loop_table(data, "trio")]
+    else:
+        lines += ["", "### trio", "", "Not measured in this run."]
+    if data["summary"].get("uvloop"):
+        lines += ["", *loop_table(data, "uvloop")]
+    else:
+        lines += [
+            "",
+            "### uvloop",
+            "",
+            "Not yet benchmarked: `aiocudasem bench` measures asyncio's own loop and trio. The "
+            "test suite runs every async test on asyncio with uvloop too.",
+        ]
+    summary = data["summary"]
+    spin, park = (
+        med(summary.get("aiocudasem", {}).get("wake_us")),
+        med(summary.get("aiocudasem_parked", {}).get("wake_us")),
+    )
+    if spin is not None and park is not None:
+        lines += [
+            "",
+            f"On asyncio a parked wake took {park - spin:.0f} us longer than one inside the "
+            "spin window (medians).",
+        ]
+    return "\n".join(lines)
+
+
+def detail_block(data: dict[str, Any]) -> str:
+    summary, results = data["summary"], data.get("results", {})
+
+    def label(name: str, table: dict[str, Any]) -> str:
+        return str(table.get(name, {}).get("label", name))
+
+    sync = med(summary.get("sync", {}).get("wake_us"))
+    lines = [
+        "#### Every approach, asyncio",
+        "",
+        "| approach | wake latency, 100 us kernel | its p99 | awaits/s, 1 / 8 streams "
+        "| CPU while parked | work-stream GPU time per await |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, f in summary.items():
+        if name in ("trio", "signal", "paired", "uvloop"):
+            continue
+        entry = results.get(name, {})
+        if "error" in entry or not f:
+            lines.append(
+                f"| {label(name, results)} | fails: `{entry.get('error', '?')[:80]}` | | | | |"
+            )
+            continue
+        wake, m = f.get("wake_us"), med(f.get("wake_us"))
+        plus = "" if m is None or sync is None else f" ({signed(m - sync)})"
+        lines.append(
+            f"| {label(name, results)} | {spread(wake, unit=' us')}{plus} "
+            f"| {spread(f.get('wake_p99_us'), '.0f', ' us')} "
+            f"| {rate(med(f.get('awaits_per_s_1')))} / {rate(med(f.get('awaits_per_s_8')))} "
+            f"| {cpu(f.get('cpu_parked'))} "
+            f"| {gpu_us(per_await_us(summary, name)) if name != 'sync' else 'the floor'} |"
+        )
+    trio = summary.get("trio", {})
+    if trio:
+        tsync = med(trio.get("sync", {}).get("wake_us"))
+        lines += [
+            "",
+            "#### Every approach, trio",
+            "",
+            "| approach | wake latency, 100 us kernel | its p99 | awaits/s, 1 / 8 streams |",
+            "|---|---|---|---|",
+        ]
+        for name, f in trio.items():
+            m = med(f.get("wake_us"))
+            plus = "" if m is None or tsync is None else f" ({signed(m - tsync)})"
+            lines.append(
+                f"| {label(name, results.get('trio', {}))} "
+                f"| {spread(f.get('wake_us'), unit=' us')}{plus} "
+                f"| {spread(f.get('wake_p99_us'), '.0f', ' us')} "
+                f"| {rate(med(f.get('awaits_per_s_1')))} / {rate(med(f.get('awaits_per_s_8')))} |"
+            )
+    crowd = [
+        (name, f)
+        for name, f in summary.items()
+        if name not in ("trio", "signal", "paired", "uvloop") and f and "many_p50_ms" in f
+    ]
+    if crowd:
+        lines += [
+            "",
+            "#### 10,000 awaiters on 64 streams, asyncio",
+            "",
+            "*Short*: 20 ms kernels, timed from before the launches (most coroutines find their "
+            "work done). *Parked*: 1.5 s kernels, timed from the kernels' end (every coroutine "
+            "parked before it). Milliseconds.",
+            "",
+            "| approach | short, p50 | short, p99 | parked, p50 | parked, p99 |",
+            "|---|---|---|---|---|",
+        ]
+        for name, f in crowd:
+            lines.append(
+                f"| {label(name, results)} | {spread(f.get('many_p50_ms'))} "
+                f"| {spread(f.get('many_p99_ms'))} | {spread(f.get('parked_p50_ms'))} "
+                f"| {spread(f.get('parked_p99_ms'))} |"
+            )
+    signal = summary.get("signal", {})
+    if signal:
+        lines += [
+            "",
+            "#### Host signal to stream resume",
+            "",
+            "A stream waits for a value, the host signals it: microseconds from the signal "
+            "call to the host seeing the stream's next write.",
+            "",
+            "| producer | median | p99 |",
+            "|---|---|---|",
+        ]
+        for name, f in signal.items():
+            median, p99 = (
+                spread(f.get("median_us"), unit=" us"),
+                spread(f.get("p99_us"), unit=" us"),
+            )
+            lines.append(f"| {label(name, data.get('signal', {}))} | {median} | {p99} |")
+    return "\n".join(lines)
+
+
+BLOCKS = {"results": results_block, "results-detail": detail_block}
+
+
+def replace(text: str, name: str, body: str, page: str) -> str:
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
+    if len(pattern.findall(text)) != 1:
+        raise SystemExit(f"{page}: needs one {begin} ... {end} pair")
+    note = "<!-- generated by scripts/render-results.py: edit the script, not this text -->"
+    return pattern.sub(lambda _: f"{begin}\n{note}\n\n{body}\n\n{end}", text)
+
+
+def write(data: dict[str, Any], root: Path) -> list[str]:
+    changed = []
+    for page, names in PAGES.items():
+        path = root / page
+        text = old = path.read_text(encoding="utf-8")
+        for name in names:
+            text = replace(text, name, BLOCKS[name](data), page)
+        if text != old:
+            path.write_text(text, encoding="utf-8")
+            changed.append(page)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", type=Path, help="results.json of `aiocudasem bench`, or .gz")
+    parser.add_argument(
+        "--write",
+        action="store_true",
+        help="replace the marked blocks of README.md and docs/performance.md",
+    )
+    parser.add_argument(
+        "--root", type=Path, default=ROOT, help="the checkout whose pages --write updates"
+    )
+    args = parser.parse_args(argv)
+    data = load(args.results)
+    if args.write:
+        changed = write(data, args.root)
+        print("updated: " + (", ".join(changed) if changed else "nothing (already current)"))
+    else:
+        sys.stdout.write(results_block(data) + "\n\n" + detail_block(data) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""scripts/render-results.py: the per-loop tables from a results file alone, and --write
+replacing the marked blocks of the README and the performance page."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+SCRIPT = ROOT / "scripts" / "render-results.py"
+
+
+def load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("render_results", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def fig(median: float, low: float | None = None, high: float | None = None) -> dict[str, float]:
+    return {
+        "median": median,
+        "min": median if low is None else low,
+        "max": median if high is None else high,
+        "runs": 3,
+    }
+
+
+def results() -> dict[str, Any]:
+    """A tiny results file in the shape `aiocudasem bench` writes."""
+    return {
+        "meta": {
+            "date": "2030-01-02 03:04 UTC",
+            "simulated": False,
+            "gpu": {"device": "Test GPU", "driver": "cuda", "nvidia-smi": "Test GPU, 999.1"},
+            "host": "x86_64, 4 CPUs",
+            "devices": 1,
+            "repeats": 3,
+            "commit": "commit 0123456789ab, source digest 000000000000",
+            "versions": {"python": "3.11.0"},
+        },
+        "summary": {
+            "sync": {"wake_us": fig(100.0, 99.0, 101.0), "stall_ms": fig(5.0)},
+            "poll0": {"wake_us": fig(101.0), "cpu_parked": fig(1.0)},
+            "c_workstream": {
+                "wake_us": fig(160.0),
+                "cpu_parked": fig(0.001),
+                "stall_ms": fig(9.0),
+            },
+            "aiocudasem_parked": {"wake_us": fig(180.0)},
+            "aiocudasem": {
+                "wake_us": fig(102.5, 101.0, 110.0),
+                "cpu_parked": fig(0.0012, 0.001, 0.002),
+                "stall_ms": fig(5.1),
+            },
+            "trio": {
+                "sync": {"wake_us": fig(110.0)},
+                "aiocudasem": {"wake_us": fig(114.0)},
+            },
+            "paired": {
+                "asyncio": {"1": {"aiocudasem": fig(1.025, 0.99, 1.1)}},
+                "trio": {"1": {"aiocudasem": fig(0.96)}},
+            },
+        },
+        "results": {"aiocudasem": {"label": "aiocudasem (await stream.wait_complete())"}},
+        "paired": {"asyncio": {"1": {"poll0": [80000.0, 82000.0, 81000.0]}}},
+    }
+
+
+@pytest.fixture
+def results_file(tmp_path: Path) -> Path:
+    path = tmp_path / "results.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(results(), f)
+    return path
+
+
+def test_it_renders_one_table_per_loop(results_file: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), str(results_file)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "Measured 2030-01-02 03:04 UTC on one Test GPU (driver 999.1)" in out
+    for loop in ("### asyncio", "### trio", "### uvloop"):
+        assert loop in out
+    assert "Not yet benchmarked" in out.split("### uvloop", 1)[1]
+    asyncio = out.split("### asyncio", 1)[1].split("### trio", 1)[0]
+    assert "102.5 us [101.0-110.0] (+2.5 over blocking sync)" in asyncio
+    assert "180.0 us (+80.0 over blocking sync)" in asyncio  # parked
+    assert "1.03 x [0.99-1.10] busy polling" in asyncio  # halves round up: 1.025 -> 1.03
+    assert "busy polling: 81.0k/s" in asyncio
+    assert "0.12 % [0.10-0.20] of a core" in asyncio
+    assert "no library: 0.10 %" in asyncio
+    assert "| +1.0 us |" in asyncio  # (5.1 - 5.0) ms over 100 awaits
+    trio = out.split("### trio", 1)[1].split("### uvloop", 1)[0]
+    assert "114.0 us (+4.0 over blocking sync)" in trio
+    assert "not measured on trio" in trio
+    assert "0.96 x busy polling" in trio
+    assert "a parked wake took 78 us longer" in out
+
+
+def test_write_replaces_only_the_marked_blocks(results_file: Path, tmp_path: Path) -> None:
+    root = tmp_path / "checkout"
+    (root / "docs").mkdir(parents=True)
+    readme = "# Title\n\nbefore\n<!-- results:begin -->\nOLD TABLE\n<!-- results:end -->\nafter\n"
+    page = (
+        "# Performance\n<!-- results:begin -->\nold\n<!-- results:end -->\n\nmiddle\n\n"
+        "<!-- results-detail:begin -->\nold detail\n<!-- results-detail:end -->\nend\n"
+    )
+    (root / "README.md").write_text(readme)
+    (root / "docs" / "performance.md").write_text(page)
+
+    script = load_script()
+    data = script.load(results_file)
+    assert script.write(data, root) == ["README.md", "docs/performance.md"]
+
+    new = (root / "README.md").read_text()
+    assert new.startswith("# Title\n\nbefore\n<!-- results:begin -->\n")
+    assert new.endswith("<!-- results:end -->\nafter\n")
+    assert "OLD TABLE" not in new
+    assert "### asyncio" in new and "### trio" in new
+    assert "#### Every approach" not in new  # the detail goes to the performance page only
+
+    perf = (root / "docs" / "performance.md").read_text()
+    assert "\nold\n" not in perf and "old detail" not in perf
+    assert "middle" in perf and perf.endswith("end\n")
+    assert "### asyncio" in perf.split("<!-- results:end -->")[0]
+    assert "#### Every approach, asyncio" in perf.split("<!-- results-detail:begin -->")[1]
+
+    # A second write with the same file changes nothing.
+    assert script.write(data, root) == []
+
+
+def test_write_refuses_a_page_without_markers(results_file: Path, tmp_path: Path) -> None:
+    root = tmp_path / "checkout"
+    (root / "docs").mkdir(parents=True)
+    (root / "README.md").write_text("# no markers\n")
+    (root / "docs" / "performance.md").write_text("# none either\n")
+    script = load_script()
+    with pytest.raises(SystemExit, match=r"README\.md: needs one <!-- results:begin -->"):
+        script.write(script.load(results_file), root)
