@@ -197,28 +197,59 @@ def driver_label(driver: Driver, other: Driver) -> str:
     return f"the {driver.name} driver object at {id(driver):#x}"
 
 
-def entry_list(where: str, given: tuple[object, ...], kind: type[_E]) -> tuple[_E, ...]:
+def entry_list(
+    where: str,
+    given: tuple[object, ...],
+    kind: type[_E],
+    *,
+    separate: bool = False,
+    empty: bool = False,
+    swapped: str = "",
+) -> tuple[_E, ...]:
     """The entries of a call that takes :class:`Wait` or :class:`Signal` entries, in one of
-    its forms: one entry, several entries as separate arguments, or one sequence of them.
-    ``where`` names the argument in the messages."""
+    its forms: one entry or one sequence of them, and, where the call takes them
+    (``separate``, or more than one given), several entries as separate arguments.
+
+    ``where`` names the argument in the messages. ``empty`` lets the call take no entries
+    (else ``ValueError``). ``swapped`` is said when an entry of the other kind is given, a
+    :class:`Signal` among waits or a :class:`Wait` among signals."""
     name = kind.__name__
     items = given
     if len(given) == 1 and isinstance(given[0], Sequence):
         items = tuple(given[0])
+    forms = (
+        f"one {name}, several as separate arguments, or one list or tuple of them"
+        if separate or len(given) > 1
+        else f"one {name} or one list or tuple of them"
+    )
     entries: list[_E] = []
     for e in items:
         if not isinstance(e, kind):
-            got = type(e).__name__
-            if isinstance(e, Sequence) and items is given:
-                got += " beside other entries (give separate entries or one list, not both)"
-            raise TypeError(
-                f"{where} takes aiocudasem.{name} entries: one {name}, several {name} entries "
-                f"as separate arguments, or one list or tuple of them; got {got}"
-            )
+            got = _got(e, kind, items is given, swapped)
+            raise TypeError(f"{where} takes aiocudasem.{name} entries: {forms}; {got}")
         entries.append(e)
-    if not entries:
+    if not entries and not empty:
         raise ValueError(f"{where} needs at least one aiocudasem.{name} entry")
     return tuple(entries)
+
+
+def _got(e: object, kind: type[Wait | Signal], beside: bool, swapped: str) -> str:
+    """What an entry of the wrong type was, and what to do about it."""
+    name = kind.__name__
+    got = type(e).__name__
+    if isinstance(e, (Wait, Signal)):
+        role = "wait" if kind is Wait else "signal"
+        return f"a {got} was given as a {role}" + (f": {swapped}" if swapped else "")
+    if isinstance(e, HostTimeline):
+        return f"got a HostTimeline: make an entry of it, aiocudasem.{name}(timeline, value)"
+    if isinstance(e, Abandonable):  # an ExternalSemaphore (see the module's docstring)
+        return (
+            f"got {got}: make an entry of it, aiocudasem.{name}(sem, value) for a timeline "
+            f"semaphore or aiocudasem.{name}(sem) for a binary one"
+        )
+    if isinstance(e, Sequence) and beside:
+        return f"got {got} beside other entries (give separate entries or one list, not both)"
+    return f"got {got}"
 
 
 def check_same_device(entries: tuple[Wait | Signal, ...], driver: Driver, device: int) -> None:

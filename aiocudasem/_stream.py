@@ -274,16 +274,21 @@ class Stream(OnDevice):
     def handoff(self, waits: Wait | Sequence[Wait], signals: Signal | Sequence[Signal]) -> HandOff:
         """A hand-off section: ``async with stream.handoff(Wait(a, n), Signal(b, n)):``.
 
-        ``waits`` and ``signals`` are each one entry or a list or tuple of them. Entering
+        ``waits`` (the :class:`Wait` entries) come first, then ``signals`` (the
+        :class:`Signal` entries); each is one entry or a list or tuple of them, and may be
+        empty: ``handoff(Wait(a, n), [])`` waits for a producer and signals nothing,
+        ``handoff([], Signal(b, n))`` signals a consumer and waits for nothing. Entering
         enqueues the waits; the body enqueues GPU work; a normal exit enqueues the signals and
-        waits until the stream has passed them (on a stream that is capturing a CUDA graph it
-        does not wait: the section becomes the graph's nodes; see :class:`HandOff`). A section
-        is entered once: make a new one for each.
+        waits until the stream has passed them and the body's work (on a stream that is
+        capturing a CUDA graph it does not wait: the section becomes the graph's nodes; see
+        :class:`HandOff`). A section is entered once: make a new one for each.
 
         The entries are checked now, and nothing is enqueued until the section is entered:
-        raises as :meth:`enqueue_wait` does (``anyio.ClosedResourceError`` for a closed
-        stream; a semaphore closed after its entry was made is found when the section
-        enqueues). See :class:`HandOff` for errors and cancellation.
+        raises ``TypeError`` for an entry of the wrong kind (a :class:`Signal` among the waits
+        or a :class:`Wait` among the signals included), ``anyio.ClosedResourceError`` for a
+        closed stream or semaphore and :class:`DeviceMismatchError` for a semaphore of another
+        device or driver; a semaphore closed after its entry was made is found when the
+        section enqueues. See :class:`HandOff` for errors and cancellation.
         """
         return HandOff(self, waits, signals)
 
@@ -528,6 +533,9 @@ def _capturing_error(exc: CudaError | None) -> CudaError:
 
 RecordingStream.register(Stream)  # what IpcEvent.record() takes
 
+#: What a hand-off's error says of an entry given on the wrong side.
+_ORDER: Final = "handoff(waits, signals) takes the waits first"
+
 
 class HandOff:
     """``async with stream.handoff(waits, signals):`` - a section of GPU work between an
@@ -536,6 +544,10 @@ class HandOff:
     - Entering enqueues the waits (not a checkpoint).
     - The body enqueues GPU work on the stream.
     - A normal exit enqueues the signals and waits until the stream has passed them.
+    - Either list may be empty: with no waits the body's work starts without waiting for a
+      producer, with no signals nothing is signalled back, and the exit still waits for the
+      body's work. Entering and exiting enqueue nothing for an empty list, but still raise
+      ``anyio.ClosedResourceError`` for a closed stream.
     - On a stream that is capturing a CUDA graph, the waits and signals become the graph's
       external semaphore nodes, and a normal exit does not wait (it is a checkpoint only):
       the section runs each time the graph is launched. Host timelines cannot be captured.
@@ -563,8 +575,12 @@ class HandOff:
         if not isinstance(stream, Stream):
             raise TypeError(f"expected an aiocudasem.Stream, not {type(stream).__name__}")
         self._stream = stream
-        self._waits = stream._entries("handoff() waits", (waits,), Wait)
-        self._signals = stream._entries("handoff() signals", (signals,), Signal)
+        self._waits = entry_list("handoff() waits", (waits,), Wait, empty=True, swapped=_ORDER)
+        self._signals = entry_list(
+            "handoff() signals", (signals,), Signal, empty=True, swapped=_ORDER
+        )
+        stream.handle  # noqa: B018 - raises ClosedResourceError once closed
+        check_same_device(self._waits + self._signals, stream._driver, stream._device)
         self._entered = False
 
     async def __aenter__(self) -> Stream:
@@ -574,7 +590,10 @@ class HandOff:
                 "make a new one with stream.handoff(waits, signals) for each section"
             )
         self._entered = True
-        self._stream.enqueue_wait(self._waits)
+        if self._waits:
+            self._stream.enqueue_wait(self._waits)
+        else:
+            self._stream.handle  # noqa: B018 - raises ClosedResourceError once closed
         return self._stream
 
     async def __aexit__(
@@ -586,11 +605,15 @@ class HandOff:
         stream = self._stream
         if exc_type is not None:
             try:
-                stream.enqueue_signal(self._signals)
+                if self._signals:
+                    stream.enqueue_signal(self._signals)
             except (AiocudasemError, anyio.ClosedResourceError):
                 pass  # the body's exception is the one to report
             return
-        stream.enqueue_signal(self._signals)
+        if self._signals:
+            stream.enqueue_signal(self._signals)
+        else:
+            stream.handle  # noqa: B018 - raises ClosedResourceError once closed
         if _capturing(stream._driver, stream._handle):
             # The section went into the graph being captured, and runs when that graph is
             # launched: nothing on the stream runs now, so there is nothing to wait for.
@@ -649,16 +672,27 @@ async def wait_stream(stream: object, *, driver: Driver | str | None = None) -> 
 async def wait_external_semaphores(waits: Wait | Sequence[Wait], stream: object) -> None:
     """The async form of ``cuWaitExternalSemaphoresAsync``: enqueue the waits on ``stream``
     in one driver call, then wait until the stream has passed them (and everything enqueued
-    before them). ``waits`` is one :class:`Wait` or a list or tuple of them. ``stream`` is a
-    :class:`Stream` or anything :meth:`Stream.adopt` takes; a foreign stream uses the driver
-    of the first semaphore.
+    before them). ``waits`` is one :class:`Wait` or a list or tuple of them; an empty one
+    enqueues nothing and waits for the stream, as :meth:`Stream.wait_complete` does.
+    ``stream`` is a :class:`Stream` or anything :meth:`Stream.adopt` takes; a foreign stream
+    uses the driver of the first semaphore (with no waits, the default driver, as
+    :func:`wait_stream` does).
 
     A checkpoint. If cancelled, the waits stay enqueued: the stream does not go past them
-    until they are satisfied. Raises ``ValueError`` for no entries, and what
-    :meth:`Stream.adopt`, :meth:`Stream.enqueue_wait` and :meth:`Stream.wait_complete`
-    raise."""
-    entries = entry_list("wait_external_semaphores() waits", (waits,), Wait)
+    until they are satisfied. Raises ``TypeError`` for an entry that is not a :class:`Wait`
+    (a :class:`Signal` included), and what :meth:`Stream.adopt`, :meth:`Stream.enqueue_wait`
+    and :meth:`Stream.wait_complete` raise."""
+    entries = entry_list(
+        "wait_external_semaphores() waits",
+        (waits,),
+        Wait,
+        empty=True,
+        swapped="wait_external_semaphores() only waits: enqueue signals with "
+        "stream.enqueue_signal(), or use a hand-off section",
+    )
     if not isinstance(stream, Stream):
-        stream = Stream._adopt(stream, entries[0].semaphore.driver, prepare=False)
-    stream.enqueue_wait(entries)
+        driver = entries[0].semaphore.driver if entries else None
+        stream = Stream._adopt(stream, driver, prepare=False)
+    if entries:
+        stream.enqueue_wait(entries)
     await stream.wait_complete()
