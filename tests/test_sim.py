@@ -556,7 +556,7 @@ def test_driver_argument_checks(sim: Sim) -> None:
     with pytest.raises(TypeError, match="name must be a str"):
         SimDriver(name=1)  # type: ignore[arg-type]
     drv = sim.drv
-    with pytest.raises(TypeError, match=r"pass stream\.handle"):
+    with pytest.raises(TypeError, match=r"SimDriver\.launch\(\) takes a stream"):
         drv.launch("0x10", lambda: None)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="callable"):
         drv.launch(sim.stream(), None)  # type: ignore[arg-type]

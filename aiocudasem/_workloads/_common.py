@@ -5,14 +5,25 @@ module, not the package, which picks one (``workloads()``) and imports it when a
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 import numpy as np
+
+from .._errors import DeviceMismatchError
 
 if TYPE_CHECKING:
     from .._driver import Driver
 
-__all__ = ("SEEN", "WeakDriver", "Workloads", "frame_word", "frame_words")
+__all__ = (
+    "SEEN",
+    "CudaStream",
+    "StreamArg",
+    "WeakDriver",
+    "Workloads",
+    "frame_word",
+    "frame_words",
+    "stream_handle",
+)
 
 _D = TypeVar("_D")
 
@@ -31,10 +42,59 @@ def frame_words(frame: int, words: int) -> np.ndarray[Any, np.dtype[np.uint32]]:
     return ((frame * 2654435761 + index) & 0xFFFFFFFF).astype(np.uint32)
 
 
+class CudaStream(Protocol):
+    """A stream of the CUDA stream protocol: an :class:`aiocudasem.Stream`, or a stream of
+    cuda.core, CuPy, PyTorch or Numba."""
+
+    def __cuda_stream__(self) -> tuple[int, int]: ...
+
+
+#: What the workloads take as a stream: a stream of the CUDA stream protocol (an
+#: :class:`aiocudasem.Stream` included) or the driver's ``int`` handle of one.
+StreamArg: TypeAlias = CudaStream | int
+
+
+def stream_handle(where: str, stream: object, driver: object) -> int:
+    """The handle of ``stream`` on ``driver``: an int, or an object with ``__cuda_stream__``
+    (the library's ``Stream`` is one: this layer, below the objects, knows it only by the
+    protocol). An object whose ``driver`` attribute names another driver is refused with
+    ``DeviceMismatchError``: its handle means another stream, or none, on this one (two
+    ``SimDriver`` objects number their streams alike). ``where`` names the call in the
+    messages."""
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        return stream
+    proto = getattr(stream, "__cuda_stream__", None)
+    if proto is None:
+        raise TypeError(
+            f"{where} takes a stream: an aiocudasem.Stream, another object with "
+            f"__cuda_stream__, or a stream handle (an int), not {type(stream).__name__}"
+        )
+    value = proto() if callable(proto) else proto
+    if not (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and value[0] == 0
+        and isinstance(value[1], int)
+        and not isinstance(value[1], bool)
+    ):
+        raise TypeError(
+            f"{where}: __cuda_stream__ of {type(stream).__name__} returned {value!r}, not "
+            "(0, handle)"
+        )
+    owner = getattr(stream, "driver", None)
+    if owner is not None and owner is not driver:
+        raise DeviceMismatchError(
+            f"{where}: the stream belongs to {owner!r}, but these workloads to {driver!r}: "
+            "use workloads(stream.driver)"
+        )
+    return value[1]
+
+
 @runtime_checkable
 class Workloads(Protocol):
-    """Work to put on a driver's streams. Streams and pointers are the driver's ``int``
-    handles; every call enqueues and returns, like a kernel launch."""
+    """Work to put on a driver's streams. A stream is an :class:`aiocudasem.Stream`, another
+    object with ``__cuda_stream__``, or the driver's ``int`` handle of one; pointers are
+    ``int``. Every call enqueues and returns, like a kernel launch."""
 
     @property
     def driver(self) -> Driver:
@@ -50,17 +110,19 @@ class Workloads(Protocol):
         free only once the work that uses the memory is done."""
         ...
 
-    def launch_spin(self, stream: int, ns: int) -> None:
+    def launch_spin(self, stream: StreamArg, ns: int) -> None:
         """Enqueue a kernel that runs for ``ns`` nanoseconds of device time."""
         ...
 
-    def launch_check_frame(self, stream: int, src: int, words: int, frame: int, out: int) -> None:
+    def launch_check_frame(
+        self, stream: StreamArg, src: int, words: int, frame: int, out: int
+    ) -> None:
         """Enqueue a kernel that counts the words of pinned ``src`` that differ from
         ``frame_word(frame, i)`` and adds ``SEEN`` plus that count to ``out[frame]`` (uint32,
         pinned). A frame checked once and intact therefore reads exactly ``SEEN``."""
         ...
 
-    def launch_trap(self, stream: int) -> None:
+    def launch_trap(self, stream: StreamArg) -> None:
         """Enqueue a kernel that traps, faulting the device's context."""
         ...
 

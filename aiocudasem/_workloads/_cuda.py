@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from .._driver import Driver
 from .._errors import CudaError
-from ._common import SEEN, WeakDriver
+from ._common import SEEN, StreamArg, WeakDriver, stream_handle
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -68,10 +68,14 @@ class CudaWorkloads(WeakDriver[CudaWorkloadDriver]):
     def free_pinned(self, ptr: int) -> None:
         self._driver.mem_free_host(ptr)
 
-    def launch_spin(self, stream: int, ns: int) -> None:
+    def launch_spin(self, stream: StreamArg, ns: int) -> None:
+        stream = stream_handle("launch_spin()", stream, self._driver)
         self._launch(stream, "spin", 1, ctypes.c_uint64(ns))
 
-    def launch_check_frame(self, stream: int, src: int, words: int, frame: int, out: int) -> None:
+    def launch_check_frame(
+        self, stream: StreamArg, src: int, words: int, frame: int, out: int
+    ) -> None:
+        stream = stream_handle("launch_check_frame()", stream, self._driver)
         if not 0 < words < SEEN:
             raise ValueError(f"words must be in [1, {SEEN}), got {words}")
         self._launch(
@@ -84,7 +88,8 @@ class CudaWorkloads(WeakDriver[CudaWorkloadDriver]):
             ctypes.c_void_p(out),
         )
 
-    def launch_trap(self, stream: int) -> None:
+    def launch_trap(self, stream: StreamArg) -> None:
+        stream = stream_handle("launch_trap()", stream, self._driver)
         self._launch(stream, "trap", 1)
 
     # ------------------------------------------------------------------ loading

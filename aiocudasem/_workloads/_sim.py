@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from .._driver import Driver
-from ._common import SEEN, WeakDriver, frame_words
+from ._common import SEEN, StreamArg, WeakDriver, frame_words, stream_handle
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -43,10 +43,14 @@ class SimWorkloads(WeakDriver[SimWorkloadDriver]):
     def free_pinned(self, ptr: int) -> None:
         self._driver.mem_free_host(ptr)
 
-    def launch_spin(self, stream: int, ns: int) -> None:
+    def launch_spin(self, stream: StreamArg, ns: int) -> None:
+        stream = stream_handle("launch_spin()", stream, self._driver)
         self._driver.launch(stream, lambda: time.sleep(ns / 1e9))
 
-    def launch_check_frame(self, stream: int, src: int, words: int, frame: int, out: int) -> None:
+    def launch_check_frame(
+        self, stream: StreamArg, src: int, words: int, frame: int, out: int
+    ) -> None:
+        stream = stream_handle("launch_check_frame()", stream, self._driver)
         if not 0 < words < SEEN:
             raise ValueError(f"words must be in [1, {SEEN}), got {words}")
         expected = frame_words(frame, words)
@@ -58,7 +62,9 @@ class SimWorkloads(WeakDriver[SimWorkloadDriver]):
 
         self._driver.launch(stream, check)
 
-    def launch_trap(self, stream: int) -> None:
+    def launch_trap(self, stream: StreamArg) -> None:
+        stream = stream_handle("launch_trap()", stream, self._driver)
+
         def trap() -> None:
             raise _Trap
 

@@ -4,8 +4,9 @@ kernels and host functions, and recording, querying and waiting for events."""
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+from ..._errors import DeviceMismatchError
 from ._graphs import _Graphs
 from ._model import _Event, _Node, _Stream
 from ._status import (
@@ -22,21 +23,24 @@ from ._steps import _IpcWait, _SeqWait, _Stamp
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    class _CudaStream(Protocol):
+        """A stream of the CUDA stream protocol (an ``aiocudasem.Stream`` among them)."""
+
+        def __cuda_stream__(self) -> tuple[int, int]: ...
+
 
 _HOST_FN_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
 class _Streams(_Graphs):
-    def launch(self, stream: int, fn: Callable[[], None]) -> None:
+    def launch(self, stream: _CudaStream | int, fn: Callable[[], None]) -> None:
         """Enqueue a Python callable as a simulated kernel. It runs on the stream's worker
         thread; an exception in it faults the context with CUDA_ERROR_LAUNCH_FAILED.
-        ``stream`` is a raw handle: ``sim.launch(stream.handle, fn)``. Raises ``TypeError`` for
-        a ``stream`` that is not an int or an ``fn`` that is not callable."""
-        if isinstance(stream, bool) or not isinstance(stream, int):
-            raise TypeError(
-                f"launch() takes a stream handle (an int), not {type(stream).__name__}: "
-                "pass stream.handle"
-            )
+        ``stream`` is an :class:`aiocudasem.Stream` of this driver, another object with
+        ``__cuda_stream__``, or a raw handle (``stream.handle``). Raises ``TypeError`` for
+        another ``stream`` or an ``fn`` that is not callable, and ``DeviceMismatchError`` for
+        a stream of another driver."""
+        stream = self._launch_handle(stream)
         if not callable(fn):
             raise TypeError(f"fn must be a callable, not {type(fn).__name__}")
 
@@ -46,6 +50,37 @@ class _Streams(_Graphs):
                 self._capture(s, _Node("kernel", fn=fn))
                 return
             self._push(s, self._kernel(s, fn))
+
+    def _launch_handle(self, stream: object) -> int:
+        """``launch()``'s stream as a handle. The simulator sits below the library's objects
+        and knows a ``Stream`` only by the CUDA stream protocol and its ``driver``."""
+        if isinstance(stream, int) and not isinstance(stream, bool):
+            return stream
+        proto = getattr(stream, "__cuda_stream__", None)
+        if proto is None:
+            raise TypeError(
+                "SimDriver.launch() takes a stream: an aiocudasem.Stream, another object with "
+                f"__cuda_stream__, or a stream handle (an int), not {type(stream).__name__}"
+            )
+        value = proto() if callable(proto) else proto
+        if not (
+            isinstance(value, tuple)
+            and len(value) == 2
+            and value[0] == 0
+            and isinstance(value[1], int)
+            and not isinstance(value[1], bool)
+        ):
+            raise TypeError(
+                f"SimDriver.launch(): __cuda_stream__ of {type(stream).__name__} returned "
+                f"{value!r}, not (0, handle)"
+            )
+        owner = getattr(stream, "driver", None)
+        if owner is not None and owner is not self:
+            raise DeviceMismatchError(
+                f"SimDriver.launch(): the stream belongs to {owner!r}, not to {self!r}: "
+                "launch on the stream's own driver, stream.driver"
+            )
+        return value[1]
 
     def _capture(self, s: _Stream, node: _Node) -> None:
         # Called with the lock held. Captured work on one stream is a chain: each node
