@@ -6,6 +6,9 @@
 - ``doctor`` (:mod:`.doctor`): what this machine offers;
 - ``bench`` (:mod:`.bench`): the side-by-side benchmarks.
 
+``aiocudasem -V`` (``--version``) prints the version; ``aiocudasem`` alone prints the help.
+Both exit with status 0.
+
 Errors are reported in one line on standard error, in the command line's terms (``--driver
 sim``, where the library's own messages say ``driver='sim'``). Exit statuses: 0 success, 1
 failure, 2 a bad command line or ``$AIOCUDASEM_DRIVER``, and 141 when the output pipe is closed
@@ -55,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     parser.add_argument(
+        "-V",
         "--version",
         action="version",
         version=f"aiocudasem {__version__}",
@@ -145,6 +149,9 @@ def _run(args: list[str]) -> int:
 
         return bench_main(args[1:])
     parser = _parser()
+    if not args:  # the first thing a new user types: what there is to run, not an error
+        parser.print_help()
+        return 0
     ns = parser.parse_args(args)
     if ns.command == "demo":
         from .demo import DemoParams
