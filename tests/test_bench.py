@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,6 +57,21 @@ def test_bench_repeats_interleaves_and_reports_spreads(tmp_path: Path) -> None:
     page = (out / "performance.md").read_text()
     assert "SIMULATED" in page
     assert "2 rounds interleaved" in page
+    # Standard output ends with the short summary and where the page went, not the page.
+    assert "| approach |" not in proc.stdout
+    tail = proc.stdout.split("summary (SIMULATED device, not GPU figures; medians over 2 rounds):")
+    assert len(tail) == 2, proc.stdout[-2000:]
+    summary = tail[1].strip().splitlines()
+    assert summary[0].split()[:2] == ["loop", "approach"]
+    assert summary[1].split()[:2] == ["asyncio", "aiocudasem_parked"]  # no aiocudasem: the first
+    assert summary[2].split()[:2] == ["blocking", "sync"]
+    assert summary[3].split()[:2] == ["trio", "to_thread"]
+    assert summary[-2].startswith("  host signal to stream resume: host_timeline ")
+    assert summary[-1] == (
+        f"the full page, every approach and figure: {out / 'performance.md'}; every run: "
+        f"{out / 'results.json'}"
+    )
+    assert len(summary) == 7
     assert "[" in page.split("| approach |", 1)[1]  # spreads, as [min-max]
     trio_page = page.split("## trio: wake latency (100 us kernel) and throughput", 1)[1]
     assert "| trio.to_thread.run_sync(synchronize) |" in trio_page
@@ -197,7 +213,12 @@ def test_bench_reports_a_failed_write_of_the_results_in_one_line(
         pass
 
     def write(
-        out: Path, results: object, meta: object, signal: object = None, paired: object = None
+        out: Path,
+        results: object,
+        meta: object,
+        signal: object = None,
+        paired: object = None,
+        page: object = None,
     ) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "results.json"))
 
@@ -303,3 +324,110 @@ def test_bench_ab_tables_two_versions_with_per_round_ratios() -> None:
     assert "0.100" in cpu  # cores as % of a core
     trio = next(x for x in lines if x.startswith("| awaits/s, 1 stream, trio |"))
     assert "n/a" in trio  # no trio figures in these runs
+
+
+# ---------------------------------------------------------------- the summary and --page
+
+
+def _results() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    def run(wake: float, one: float, eight: float) -> dict[str, Any]:
+        return {
+            "latency_100us": [wake, wake],
+            "latency_empty": [5.0, 6.0],
+            "awaits_per_s_1": one,
+            "awaits_per_s_8": eight,
+        }
+
+    results: dict[str, Any] = {
+        "sync": {"label": "blocking sync", "runs": [run(110.0, 9000.0, 8000.0)]},
+        "poll0": {"label": "polling", "runs": [run(130.0, 7000.0, 30000.0)]},
+        "aiocudasem": {"label": "the library", "runs": [run(121.5, 8000.0, 40000.0)]},
+        "cupy": {"label": "CuPy", "error": "ModuleNotFoundError: No module named 'cupy'"},
+        "trio": {
+            "sync": {"label": "blocking sync", "runs": [run(115.0, 8500.0, 7900.0)]},
+            "aiocudasem": {"label": "the library", "runs": [run(140.0, 6000.0, 20000.0)]},
+        },
+    }
+    meta = {
+        "date": "2026-12-01 12:00 UTC",
+        "simulated": False,
+        "gpu": {"device": "a GPU", "driver": "cuda"},
+        "host": "x86_64, 2 CPUs",
+        "devices": 1,
+        "repeats": 1,
+        "commit": "commit 0123456789ab",
+        "versions": {"python": "3.11"},
+    }
+    paired = {"asyncio": {"8": {"poll0": [100.0, 200.0, 100.0], "aiocudasem": [150.0] * 3}}}
+    return results, meta, paired
+
+
+def test_the_summary_gives_each_loops_headline_figures() -> None:
+    from aiocudasem.cli.bench._report import summary_lines
+
+    results, meta, paired = _results()
+    signal = {"host_timeline": {"label": "host timeline", "runs": [[10.0, 12.0, 14.0]]}}
+    lines = summary_lines(results, meta, signal, paired)
+    assert lines[0] == "summary (medians over 1 round):"
+    rows = [line.split() for line in lines[2:]]
+    assert rows[0][:6] == ["asyncio", "aiocudasem", "121.5", "us", "8000", "/"]
+    assert " ".join(rows[0][6:]) == "40000 (1.50 x busy polling on 8 streams, paired rounds)"
+    assert rows[1] == ["blocking", "sync", "110.0", "us", "9000", "/", "8000"]
+    assert rows[2] == ["busy", "polling", "130.0", "us", "7000", "/", "30000"]
+    assert rows[3] == ["trio", "aiocudasem", "140.0", "us", "6000", "/", "20000"]
+    assert rows[4] == ["blocking", "sync", "115.0", "us", "8500", "/", "7900"]
+    assert lines[-1] == "  host signal to stream resume: host_timeline 12.0 us"
+    assert len(lines) == 8
+
+
+def test_the_page_goes_where_page_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # no plot: no matplotlib needed
+    results, meta, paired = _results()
+    out = tmp_path / "out"
+    bench.write(out, results, meta, None, paired, page=tmp_path / "pages" / "bench.md")
+    printed = capsys.readouterr().out
+    assert not (out / "performance.md").exists()
+    assert (out / "results.json").exists()
+    page = (tmp_path / "pages" / "bench.md").read_text()
+    assert page.startswith("# Performance\n")
+    assert "| the library | 121.5 (+11.5) us |" in page
+    assert "| approach |" not in printed
+    assert printed.splitlines()[-1].startswith(
+        f"the full page, every approach and figure: {tmp_path / 'pages' / 'bench.md'}; "
+    )
+    # "-": the page on standard output, as a whole, and no file.
+    bench.write(out, results, meta, None, paired, page="-")
+    printed = capsys.readouterr().out
+    assert "| the library | 121.5 (+11.5) us |" in printed
+    assert "summary (" not in printed
+    assert not (out / "performance.md").exists()
+
+
+def test_page_links_the_plot_from_wherever_it_is(tmp_path: Path) -> None:
+    from aiocudasem.cli.bench._report import markdown
+
+    results, meta, _ = _results()
+    assert "![latency distributions](latency.png)" in markdown(results, meta)
+    page = markdown(results, meta, plot_link="../out/latency.png")
+    assert "![latency distributions](../out/latency.png)" in page
+
+
+def test_bench_refuses_an_unwritable_page_before_measuring(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    page = tmp_path / "a-file" / "page.md"
+    args = ["--driver", "sim", "--quick", "--only", "sync", "--page", str(page)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "aiocudasem", "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr == (
+        f"aiocudasem bench: error: --page {page}: cannot write the page there: "
+        f"{tmp_path / 'a-file'} is a file, not a folder\n"
+    )
+    assert proc.stdout == ""

@@ -43,6 +43,7 @@ from ._report import (
     plot,
     rounds_text,
     summarize,
+    summary_lines,
     versions,
 )
 from ._signal import run_signal, summarize_signal
@@ -59,9 +60,13 @@ timeline and a Vulkan timeline semaphore. A full run takes minutes: a progress
 line per approach per round says how far it is. On the simulated device every
 figure is labelled as simulated.
 
-Writes results.json, performance.md and, with matplotlib installed (pip install
-'aiocudasem[bench]'), latency.png to --out; without matplotlib the page says
-that there is no plot, and a warning on standard error says why."""
+Writes results.json, the page of tables (performance.md) and, with matplotlib
+installed (pip install 'aiocudasem[bench]'), latency.png to --out; without
+matplotlib the page says that there is no plot, and a warning on standard error
+says why. Prints a progress line per step and, at the end, a short summary (per
+event loop, the library's wake latency and throughput beside blocking sync and
+busy polling) and where the page went; --page - prints the page instead of
+writing it."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -84,6 +89,13 @@ def _parser() -> argparse.ArgumentParser:
         default=Path("bench-out"),
         metavar="DIR",
         help="the folder that results.json, performance.md and latency.png go to",
+    )
+    p.add_argument(
+        "--page",
+        default=None,
+        metavar="PATH",
+        help="where the page of tables goes (default: performance.md in --out); - prints it "
+        "on standard output instead",
     )
     p.add_argument(
         "--quick",
@@ -132,8 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     drv = open_driver(ns.driver)
     if not 1 <= ns.devices <= drv.device_count():
         p.error(f"--devices must be in [1, {drv.device_count()}] on this machine")
+    page = None if ns.page is None else ns.page if ns.page == "-" else Path(ns.page)
     # Before the minutes of measurements, not after them: their results would be lost.
     _check_out(ns.out)
+    if isinstance(page, Path):
+        _check_out(page.parent, page)
     sim = drv.simulated
     say(
         f"benchmarks on {'the SIMULATED device' if sim else drv.device_name(0)} (driver {drv.name})"
@@ -169,10 +184,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         signal = None
     try:
-        write(ns.out, b.results, meta, signal, b.paired)
+        write(ns.out, b.results, meta, signal, b.paired, page=page)
     except BrokenPipeError:
         raise  # standard output, closed: the command line stops quietly
     except OSError as exc:
+        if isinstance(page, Path) and exc.filename == str(page):
+            raise CommandError(_out_message(page.parent, exc, page)) from exc
         raise CommandError(_out_message(ns.out, exc)) from exc
     return 0
 
@@ -181,26 +198,30 @@ def _approaches(n: int) -> str:
     return f"{n} approach" + ("" if n == 1 else "es")
 
 
-def _check_out(out: Path) -> None:
+def _check_out(out: Path, page: Path | None = None) -> None:
     """Create ``out`` if need be and make sure that a file can be written in it. Raises
-    :class:`CommandError` saying why not."""
+    :class:`CommandError` saying why not. ``page``: ``out`` is the folder of the ``--page``
+    given."""
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out):
             pass
     except OSError as exc:
-        raise CommandError(_out_message(out, exc)) from exc
+        raise CommandError(_out_message(out, exc, page)) from exc
 
 
-def _out_message(out: Path, exc: OSError) -> str:
-    """The command line's one line for ``exc``, raised while writing to ``out``."""
+def _out_message(out: Path, exc: OSError, page: Path | None = None) -> str:
+    """The command line's one line for ``exc``, raised while writing to ``out`` (the folder of
+    ``page``, if given, else ``--out``)."""
     file = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
     if file is not None:
-        reason = f"{'it' if file == out else file} is a file, not a folder"
+        reason = f"{'it' if file == out and page is None else file} is a file, not a folder"
     else:
         reason = exc.strerror or str(exc)
         if exc.filename is not None and str(exc.filename) != str(out):
             reason += f": {exc.filename}"
+    if page is not None:
+        return f"--page {page}: cannot write the page there: {reason}"
     return f"--out {out}: cannot write the results there: {reason}"
 
 
@@ -223,11 +244,14 @@ def write(
     meta: dict[str, Any],
     signal: dict[str, Any] | None = None,
     paired: dict[str, Any] | None = None,
+    page: Path | str | None = None,
 ) -> None:
-    """results.json (every run and the summary), performance.md and, if it can, latency.png.
-    Without a plot, the page says so instead of linking one, a warning on standard error says
-    why, and a latency.png left in ``out`` by an earlier run is removed (the page would
-    otherwise sit beside a plot of other figures)."""
+    """results.json (every run and the summary), the page (to ``page``: by default
+    performance.md in ``out``; ``"-"``, standard output) and, if it can, latency.png; then
+    the short summary (``_report.summary``) and where the page went. Without a plot, the page
+    says so instead of linking one, a warning on standard error says why, and a latency.png
+    left in ``out`` by an earlier run is removed (the page would otherwise sit beside a plot of
+    other figures)."""
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {n: summarize(e) for n, e in results.items() if n != "trio"}
     summary["trio"] = {n: summarize(e) for n, e in results.get("trio", {}).items()}
@@ -251,19 +275,32 @@ def write(
     (out / "results.json").write_text(json.dumps(document))
     png = out / "latency.png"
     no_plot = plot(results, png, meta["simulated"])
-    page = markdown(results, meta, no_plot, signal, paired)
-    (out / "performance.md").write_text(page)
-    say(f"wrote {out / 'results.json'}, performance.md" + ("" if no_plot else ", latency.png"))
+    to = out / "performance.md" if page is None else page
+    written = [str(out / "results.json")]
+    if isinstance(to, Path):
+        to.parent.mkdir(parents=True, exist_ok=True)
+        # The plot's link, relative to wherever the page is.
+        link = Path(os.path.relpath(png.resolve(), to.resolve().parent)).as_posix()
+        to.write_text(markdown(results, meta, no_plot, signal, paired, link))
+        written.append(to.name if page is None else str(to))
+    if not no_plot:
+        written.append("latency.png")
+    say("wrote " + ", ".join(written))
     if no_plot:
         stale = png.exists()
         if stale:
             png.unlink()
         print(
-            f"aiocudasem bench: warning: wrote no latency.png: {no_plot}. performance.md says "
-            "so and links no plot"
+            f"aiocudasem bench: warning: wrote no latency.png: {no_plot}. The page says so "
+            "and links no plot"
             + ("; removed the latency.png of an earlier run" if stale else "")
             + ".",
             file=sys.stderr,
             flush=True,
         )
-    say(page)
+    if isinstance(to, Path):
+        lines = summary_lines(results, meta, signal, paired)
+        where = f"the full page, every approach and figure: {to}; every run: {out / 'results.json'}"
+        say("\n".join([*lines, where]))
+    else:
+        say(markdown(results, meta, no_plot, signal, paired, str(png)))

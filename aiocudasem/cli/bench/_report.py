@@ -386,10 +386,12 @@ def markdown(
     no_plot: str | None = None,
     signal: dict[str, Any] | None = None,
     paired: dict[str, Any] | None = None,
+    plot_link: str = "latency.png",
 ) -> str:
     """The page. ``no_plot``: why there is no latency.png (then the page says so and links
-    none); ``None``: link the plot beside the page. ``signal``: the host-signal figures, if
-    they were measured. ``paired``: the paired throughput rounds (``Bench.paired``)."""
+    none); ``None``: link the plot, at ``plot_link`` (by default beside the page). ``signal``:
+    the host-signal figures, if they were measured. ``paired``: the paired throughput rounds
+    (``Bench.paired``)."""
     sums = {n: summarize(e) for n, e in results.items() if n != "trio"}
     lines = _header(meta) + _main_table(results, sums) + _crowd_table(results, sums)
     lines += _split_table(results, sums, meta.get("devices", 2))
@@ -402,10 +404,68 @@ def markdown(
     if signal is not None:
         lines += _signal_table(signal)
     if no_plot is None:
-        lines += ["", "![latency distributions](latency.png)", ""]
+        lines += ["", f"![latency distributions]({plot_link})", ""]
     else:
         lines += ["", f"(No latency plot: {no_plot}.)", ""]
     return "\n".join(lines)
+
+
+#: The approaches whose figures the summary gives first, the first measured of them, and those
+#: it sets beside them.
+HEADLINES = ("aiocudasem", "aiocudasem_parked")
+BESIDE = {"sync": "blocking sync", "poll0": "busy polling"}
+
+
+def summary_lines(
+    results: dict[str, Any],
+    meta: dict[str, Any],
+    signal: dict[str, Any] | None = None,
+    paired: dict[str, Any] | None = None,
+) -> list[str]:
+    """The few lines printed at the end of a run, in place of the page: per loop, the wake
+    latency and throughput of the library (or, where ``--only`` left it out, of the first
+    other approach measured) and its paired ratio to busy polling on 8 streams, over those of
+    blocking sync and busy polling; then the host-signal medians."""
+    tag = "SIMULATED device, not GPU figures; " if meta["simulated"] else ""
+    lines = [
+        f"summary ({tag}medians over {rounds_text(meta.get('repeats', 1))}):",
+        f"  {'loop':<8} {'approach':<18} {'wake, 100 us kernel':<21} awaits/s, 1 / 8 streams",
+    ]
+    loops = {"asyncio": {n: e for n, e in results.items() if n != "trio"}}
+    if "trio" in results:
+        loops["trio"] = results["trio"]
+    for loop, entries in loops.items():
+        sums = {n: summarize(e) for n, e in entries.items() if "error" not in e and e.get("runs")}
+        first = next((n for n in HEADLINES if n in sums), None) or next(
+            (n for n in sums if n not in BESIDE), None
+        )
+        names = [n for n in (first, *BESIDE) if n in sums]
+        for i, name in enumerate(dict.fromkeys(names)):
+            f = sums[name]
+            row = (
+                f"  {loop if i == 0 else '':<8} {BESIDE.get(name, name):<18} "
+                f"{fmt(_median(f, 'wake_us'), '.1f') + ' us':<21} "
+                f"{fmt(_median(f, 'awaits_per_s_1'))} / {fmt(_median(f, 'awaits_per_s_8'))}"
+            )
+            runs = (paired or {}).get(loop, {}).get("8", {})
+            if name not in BESIDE and "poll0" in runs and name in runs:
+                ratio = paired_ratios(runs, name)
+                if ratio is not None:
+                    row += f"  ({ratio['median']:.2f} x busy polling on 8 streams, paired rounds)"
+            lines.append(row)
+    medians = [
+        f"{name} {fmt(_median(summarize_signal(e), 'median_us'), '.1f')} us"
+        for name, e in (signal or {}).items()
+        if "error" not in e
+    ]
+    if medians:
+        lines.append(f"  host signal to stream resume: {', '.join(medians)}")
+    return lines
+
+
+def _median(figures: dict[str, Any], name: str) -> float | None:
+    fig = figures.get(name)
+    return None if fig is None else float(fig["median"])
 
 
 #: What the page and the warning say when matplotlib is missing.
