@@ -1,6 +1,8 @@
 /*
- * What the C extensions share: the error helpers that differ between Python versions, and the
- * skeleton of a hand-written awaitable (an object that is its own iterator, as a coroutine is).
+ * What the C extensions share: the error helpers that differ between Python versions, the
+ * module and type boilerplate (ACS_MODULE(), ACS_TYPE_HEAD(), acs_add_type(), interned names,
+ * the checks of a plain int argument), and the skeleton of a hand-written awaitable (an object
+ * that is its own iterator, as a coroutine is).
  *
  * The extensions are separate modules, so everything here is `static inline`: each one that
  * includes this header gets its own copy of what it uses.
@@ -20,6 +22,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <string.h>
 
 /* ------------------------------------------------------------------ errors */
 
@@ -123,6 +126,120 @@ static inline PyObject *acs_raise_thrown(PyObject *const *args, Py_ssize_t nargs
     return NULL;
 }
 
+/* ------------------------------------------------------------------ modules */
+
+/* Makes the module of `def`, then init(module) (0, or -1 with an error set; NULL: none). */
+static inline PyObject *acs_module_create(struct PyModuleDef *def, int (*init)(PyObject *)) {
+    PyObject *m = PyModule_Create(def);
+    if (m != NULL && init != NULL && init(m) < 0) Py_CLEAR(m);
+    return m;
+}
+
+/* The extension module aiocudasem.<name> (name as `_notify`): its PyModuleDef, with its doc,
+ * methods (a PyMethodDef table) and no state, and its PyInit_<name>(), which makes it and calls
+ * init(module) (NULL: nothing more to do). */
+#define ACS_MODULE(name, doc, methods, init)                                                    \
+    static struct PyModuleDef name##_def = {                                                    \
+        PyModuleDef_HEAD_INIT,                                                                  \
+        .m_name = "aiocudasem." #name,                                                          \
+        .m_doc = (doc),                                                                         \
+        .m_size = -1,                                                                           \
+        .m_methods = (methods),                                                                 \
+    };                                                                                          \
+    PyMODINIT_FUNC PyInit_##name(void) { return acs_module_create(&name##_def, (init)); }
+
+/* PyType_Ready(type), then the type as the module's attribute `name` (NULL: not added): 0, or
+ * -1 with an error set. */
+static inline int acs_add_type(PyObject *module, const char *name, PyTypeObject *type) {
+    if (PyType_Ready(type) < 0) return -1;
+    if (name == NULL) return 0;
+    Py_INCREF(type);
+    if (PyModule_AddObject(module, name, (PyObject *)type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
+
+/* A module's types, ended by {NULL, NULL}, each as acs_add_type() adds it. */
+typedef struct {
+    const char *name;
+    PyTypeObject *type;
+} AcsTypeEntry;
+
+static inline int acs_add_types(PyObject *module, const AcsTypeEntry *types) {
+    for (; types->type != NULL; types++)
+        if (acs_add_type(module, types->name, types->type) < 0) return -1;
+    return 0;
+}
+
+/* The type `name` of module `module` (a new reference), or NULL with an error set. */
+static inline PyTypeObject *acs_import_type(const char *module, const char *name) {
+    PyObject *m = PyImport_ImportModule(module);
+    if (m == NULL) return NULL;
+    PyObject *t = PyObject_GetAttrString(m, name);
+    Py_DECREF(m);
+    if (t != NULL && !PyType_Check(t)) {
+        PyErr_Format(PyExc_TypeError, "%s.%s is not a type", module, name);
+        Py_CLEAR(t);
+    }
+    return (PyTypeObject *)t;
+}
+
+/* The names a file looks up (attributes, methods), interned once. A file lists them once,
+ *
+ *     #define NAMES(X) X(call_soon) X(_callbacks) X(set_result)
+ *     ACS_NAMES(NAMES)
+ *
+ * which declares `str`, a struct with one PyObject * per name (str.call_soon, ...), and
+ * acs_intern_names(), for the file's init: 0, or -1 with an error set. */
+#define ACS_NAME_SLOT_(name) PyObject *name;
+#define ACS_NAME_TEXT_(name) #name "\0"
+#define ACS_NAMES(list)                                                                         \
+    static struct {                                                                             \
+        list(ACS_NAME_SLOT_)                                                                    \
+    } str;                                                                                      \
+    static int acs_intern_names(void) {                                                         \
+        return acs_intern((PyObject **)&str, sizeof str / sizeof(PyObject *),                   \
+                          list(ACS_NAME_TEXT_));                                                \
+    }
+
+/* Interns the `n` texts that follow each other in `texts` (each ended by a NUL) into `slots`. */
+static inline int acs_intern(PyObject **slots, size_t n, const char *texts) {
+    for (size_t i = 0; i < n; i++, texts += strlen(texts) + 1)
+        if ((slots[i] = PyUnicode_InternFromString(texts)) == NULL) return -1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ arguments */
+
+/* 0, or -1 with TypeError set unless a function got `want` positional arguments. */
+static inline int acs_check_nargs(const char *name, Py_ssize_t nargs, Py_ssize_t want) {
+    if (nargs == want) return 0;
+    PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", name, want, nargs);
+    return -1;
+}
+
+/* 0, or -1 with TypeError set if the constructor of `type` got any argument. */
+static inline int acs_no_args(const char *type, PyObject *args, PyObject *kwds) {
+    if (PyTuple_GET_SIZE(args) == 0 && (kwds == NULL || PyDict_GET_SIZE(kwds) == 0)) return 0;
+    PyErr_Format(PyExc_TypeError, "%s() takes no arguments", type);
+    return -1;
+}
+
+/* A plain int (not a bool) from 0 to 2**64-1, `what` naming it in the TypeError: 0, or -1 with
+ * an error set. */
+static inline int acs_as_u64(PyObject *o, const char *what, unsigned long long *out) {
+    if (!PyLong_Check(o) || PyBool_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s is an int, not %.100s", what, Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    *out = v;
+    return 0;
+}
+
 /* ------------------------------------------------------------------ the types */
 
 typedef struct {
@@ -166,6 +283,21 @@ static inline int acs_clear(PyObject *self) {
     for (; off != NULL && *off != 0; off++) Py_CLEAR(*(PyObject **)((char *)self + *off));
     return 0;
 }
+
+/* The head of an extension type's PyTypeObject: its name in the package ("_module.Name"), the
+ * struct of its objects, and its flags besides Py_TPFLAGS_DEFAULT. */
+#define ACS_TYPE_HEAD(qualname, Struct, flags)                                                 \
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "aiocudasem." qualname,                            \
+    .tp_basicsize = sizeof(Struct), .tp_flags = Py_TPFLAGS_DEFAULT | (flags)
+
+/* The collection slots of an AcsType whose references are all in its `refs` (the flags take
+ * Py_TPFLAGS_HAVE_GC). */
+#define ACS_GC_SLOTS .tp_traverse = acs_traverse, .tp_clear = acs_clear, .tp_dealloc = acs_dealloc
+
+/* The call slots of a type whose objects are called through the field `vectorcall` of `Struct`
+ * (the flags take Py_TPFLAGS_HAVE_VECTORCALL). */
+#define ACS_VECTORCALL_SLOTS(Struct)                                                            \
+    .tp_vectorcall_offset = offsetof(Struct, vectorcall), .tp_call = PyVectorcall_Call
 
 /* tp_dealloc of a collected type: its finalizer first (if it has one and the object survives
  * it, no more), then its tp_clear. */

@@ -18,9 +18,9 @@
  * them (a full push buffer), and a host function of another library may be waiting for the GIL
  * on the driver's thread. The queries return at once and keep it.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
 #include <stdint.h>
+
+#include "_acs.h"
 
 typedef int cu_result;
 typedef void (*host_fn_t)(void *);
@@ -69,21 +69,14 @@ static PyObject *ready_or_fail(cu_result r, const char *what) {
 
 static int as_handle(PyObject *o, void **out) {
     /* A CUDA handle is a non-negative int (0 is the default stream). */
-    if (!PyLong_Check(o) || PyBool_Check(o)) {
-        PyErr_Format(PyExc_TypeError, "a CUDA handle is an int, not %.100s", Py_TYPE(o)->tp_name);
-        return -1;
-    }
-    unsigned long long v = PyLong_AsUnsignedLongLong(o);
-    if (v == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    unsigned long long v;
+    if (acs_as_u64(o, "a CUDA handle", &v) < 0) return -1;
     *out = (void *)(uintptr_t)v;
     return 0;
 }
 
 static int check_args(const char *name, Py_ssize_t nargs, Py_ssize_t want, const void *fn) {
-    if (nargs != want) {
-        PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", name, want, nargs);
-        return -1;
-    }
+    if (acs_check_nargs(name, nargs, want) < 0) return -1;
     if (!fn || !fail_factory) {
         if (refusal) {
             /* unbind(refuse): refuse() raises the reason (a forked child, say). */
@@ -222,12 +215,5 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef cucalls_module = {
-    PyModuleDef_HEAD_INIT,
-    .m_name = "aiocudasem._cucalls",
-    .m_doc = "The CUDA driver calls of the wait path; a failure raises the driver's error.",
-    .m_size = -1,
-    .m_methods = methods,
-};
-
-PyMODINIT_FUNC PyInit__cucalls(void) { return PyModule_Create(&cucalls_module); }
+ACS_MODULE(_cucalls, "The CUDA driver calls of the wait path; a failure raises the driver's error.",
+           methods, NULL)

@@ -39,40 +39,17 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef hotpath_module = {
-    PyModuleDef_HEAD_INIT,
-    .m_name = "aiocudasem._hotpath",
-    .m_doc = "The await's own steps in C: the running loop's notifier, the wait history, and "
-             "the one callback that wakes a crowd of asyncio futures.",
-    .m_size = -1,
-    .m_methods = module_methods,
-};
-
-int _acs_intern(const AcsName *names) {
-    for (; names->slot != NULL; names++)
-        if (!(*names->slot = PyUnicode_InternFromString(names->text))) return -1;
-    return 0;
-}
-
-int _acs_add_type(PyObject *module, const char *name, PyTypeObject *type) {
-    if (PyType_Ready(type) < 0) return -1;
-    if (name == NULL) return 0;
-    Py_INCREF(type);
-    if (PyModule_AddObject(module, name, (PyObject *)type) < 0) {
-        Py_DECREF(type);
-        return -1;
-    }
-    return 0;
-}
-
-PyMODINIT_FUNC PyInit__hotpath(void) {
-    PyObject *m = PyModule_Create(&hotpath_module);
-    if (m == NULL) return NULL;
+/* Each file's part of the module, in this order: wake_in_turn() hands on to itself, so the
+ * crowd's comes once the functions are in the module. */
+static int hotpath_init(PyObject *m) {
     if (_acs_loopcheck_init(m) < 0 || _acs_finder_init(m) < 0 || _acs_history_init(m) < 0 ||
-        _acs_state_init(m) < 0 || _acs_wait_init(m) < 0 ||
-        _acs_spin_init(m) < 0 || _acs_crowd_init(m) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
+        _acs_state_init(m) < 0 || _acs_wait_init(m) < 0 || _acs_spin_init(m) < 0 ||
+        _acs_crowd_init(m) < 0)
+        return -1;
+    return 0;
 }
+
+ACS_MODULE(_hotpath,
+           "The await's own steps in C: the running loop's notifier, the wait history, and the "
+           "one callback that wakes a crowd of asyncio futures.",
+           module_methods, hotpath_init)

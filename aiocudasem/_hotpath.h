@@ -42,18 +42,6 @@ static inline double _acs_perf_counter(void) {
     return (double)t / 1e9;
 }
 
-/* Interns each name into its slot, up to the {NULL, NULL} that ends `names`: 0, or -1 with an
- * error set. */
-typedef struct {
-    PyObject **slot;
-    const char *text;
-} AcsName;
-
-int _acs_intern(const AcsName *names);
-
-/* PyType_Ready(), then the type as the module's attribute `name` (NULL: not added). */
-int _acs_add_type(PyObject *module, const char *name, PyTypeObject *type);
-
 /* ------------------------------------------------------------------ LoopCheck */
 
 typedef struct LoopCheckObject LoopCheckObject;

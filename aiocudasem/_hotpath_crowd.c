@@ -20,8 +20,12 @@
  */
 #include "_hotpath.h"
 
-static PyObject *str_call_soon, *str_callbacks, *str_remove_done_callback, *str_set_result,
-    *str_done, *str_get_loop, *str_add_done_callback, *context_kwnames, *wake_in_turn_fn;
+#define NAMES(X)                                                                                \
+    X(call_soon) X(_callbacks) X(remove_done_callback) X(set_result) X(done) X(get_loop)        \
+    X(add_done_callback)
+ACS_NAMES(NAMES)
+
+static PyObject *context_kwnames, *wake_in_turn_fn;
 
 /* getattr(o, name, None) without the exception: 1 and a new reference, 0 and NULL if there
  * is no such attribute, -1 on another error. */
@@ -50,9 +54,9 @@ static int call_in_context(PyObject *self, PyObject *name, PyObject *arg1, PyObj
 
 /* fut.get_loop().call_soon(callback, fut, context=context) */
 static int call_soon_on(PyObject *fut, PyObject *callback, PyObject *context) {
-    PyObject *loop = PyObject_CallMethodNoArgs(fut, str_get_loop);
+    PyObject *loop = PyObject_CallMethodNoArgs(fut, str.get_loop);
     if (loop == NULL) return -1;
-    int rc = call_in_context(loop, str_call_soon, callback, fut, context);
+    int rc = call_in_context(loop, str.call_soon, callback, fut, context);
     Py_DECREF(loop);
     return rc;
 }
@@ -61,7 +65,7 @@ static int call_soon_on(PyObject *fut, PyObject *callback, PyObject *context) {
  * if they cannot be read that way. */
 static PyObject *callbacks_of(PyObject *fut) {
     PyObject *cbs;
-    if (optional_attr(fut, str_callbacks, &cbs) < 0) return NULL;
+    if (optional_attr(fut, str._callbacks, &cbs) < 0) return NULL;
     if (cbs == NULL || cbs == Py_None) {
         int none = cbs == Py_None;
         Py_XDECREF(cbs);
@@ -93,11 +97,11 @@ static void plain_set_result(PyObject *fut) {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     Py_INCREF(fut);
-    PyObject *r = PyObject_CallMethodNoArgs(fut, str_done);
+    PyObject *r = PyObject_CallMethodNoArgs(fut, str.done);
     int done = r == NULL ? -1 : PyObject_IsTrue(r);
     Py_XDECREF(r);
     if (done == 0) {
-        r = PyObject_CallMethodOneArg(fut, str_set_result, Py_None);
+        r = PyObject_CallMethodOneArg(fut, str.set_result, Py_None);
         if (r == NULL) done = -1;
         Py_XDECREF(r);
     }
@@ -114,9 +118,9 @@ static void hand_on(PyObject *futures, Py_ssize_t start, PyObject *fut) {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyObject *rest = PyList_GetSlice(futures, start, PyList_GET_SIZE(futures));
-    PyObject *loop = rest == NULL ? NULL : PyObject_CallMethodNoArgs(fut, str_get_loop);
+    PyObject *loop = rest == NULL ? NULL : PyObject_CallMethodNoArgs(fut, str.get_loop);
     PyObject *r = loop == NULL ? NULL
-                               : PyObject_CallMethodObjArgs(loop, str_call_soon, wake_in_turn_fn,
+                               : PyObject_CallMethodObjArgs(loop, str.call_soon, wake_in_turn_fn,
                                                             rest, NULL);
     if (r == NULL) {
         PyErr_Clear();
@@ -143,7 +147,7 @@ static void unmark(PyObject *fut, PyObject *pairs, Py_ssize_t taken) {
         int gone = now == NULL ? j < taken : 1;
         for (Py_ssize_t q = 0; now != NULL && q < PyList_GET_SIZE(now); q++)
             if (PyTuple_GET_ITEM(PyList_GET_ITEM(now, q), 0) == cb) gone = 0;
-        if (gone && call_in_context(fut, str_add_done_callback, cb, NULL, PyTuple_GET_ITEM(p, 1)) < 0)
+        if (gone && call_in_context(fut, str.add_done_callback, cb, NULL, PyTuple_GET_ITEM(p, 1)) < 0)
             PyErr_WriteUnraisable(fut);
     }
     Py_XDECREF(now);
@@ -162,7 +166,7 @@ PyObject *_acs_wake_in_turn(PyObject *Py_UNUSED(module), PyObject *futures) {
         PyObject *fut = Py_NewRef(PyList_GET_ITEM(futures, i)), *pairs = NULL;
         Py_ssize_t taken = 0, ran = 0;
         int marked = 0;
-        PyObject *r = PyObject_CallMethodNoArgs(fut, str_done);
+        PyObject *r = PyObject_CallMethodNoArgs(fut, str.done);
         int done = r == NULL ? -1 : PyObject_IsTrue(r);
         Py_XDECREF(r);
         if (done > 0) { /* cancelled, or woken otherwise */
@@ -174,19 +178,19 @@ PyObject *_acs_wake_in_turn(PyObject *Py_UNUSED(module), PyObject *futures) {
         if (pairs == NULL) {
             if (PyErr_Occurred()) goto error;
             /* Callbacks that cannot be read that way: plain set_result(), which schedules them. */
-            r = PyObject_CallMethodOneArg(fut, str_set_result, Py_None);
+            r = PyObject_CallMethodOneArg(fut, str.set_result, Py_None);
             if (r == NULL) goto error;
             Py_DECREF(r);
             Py_DECREF(fut);
             continue;
         }
         for (; taken < PyList_GET_SIZE(pairs); taken++) {
-            r = PyObject_CallMethodOneArg(fut, str_remove_done_callback,
+            r = PyObject_CallMethodOneArg(fut, str.remove_done_callback,
                                           PyTuple_GET_ITEM(PyList_GET_ITEM(pairs, taken), 0));
             if (r == NULL) goto error;
             Py_DECREF(r);
         }
-        r = PyObject_CallMethodOneArg(fut, str_set_result, Py_None);
+        r = PyObject_CallMethodOneArg(fut, str.set_result, Py_None);
         if (r == NULL) goto error;
         Py_DECREF(r);
         marked = 1;
@@ -296,17 +300,7 @@ done:
 }
 
 int _acs_crowd_init(PyObject *module) {
-    const AcsName names[] = {
-        {&str_call_soon, "call_soon"},
-        {&str_callbacks, "_callbacks"},
-        {&str_remove_done_callback, "remove_done_callback"},
-        {&str_set_result, "set_result"},
-        {&str_done, "done"},
-        {&str_get_loop, "get_loop"},
-        {&str_add_done_callback, "add_done_callback"},
-        {NULL, NULL},
-    };
-    if (_acs_intern(names) < 0) return -1;
+    if (acs_intern_names() < 0) return -1;
     if (!(context_kwnames = Py_BuildValue("(s)", "context"))) return -1;
     wake_in_turn_fn = PyObject_GetAttrString(module, "wake_in_turn");
     return wake_in_turn_fn == NULL ? -1 : 0;

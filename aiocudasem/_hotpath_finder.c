@@ -4,7 +4,8 @@
  */
 #include "_hotpath.h"
 
-static PyObject *str_notifier, *str_serves;
+#define NAMES(X) X(notifier) X(serves_running_loop)
+ACS_NAMES(NAMES)
 
 /* The slot takes `n` for thread `me`, both before the old notifier goes (its release can run
  * Python code that calls the finder). */
@@ -27,14 +28,14 @@ PyObject *_acs_find_notifier(PyObject *self, PyObject *const *Py_UNUSED(args), s
     if (f->last != NULL && f->ident == me) {
         n = Py_NewRef(f->last);
     } else {
-        n = PyObject_GetAttr(f->here, str_notifier);
+        n = PyObject_GetAttr(f->here, str.notifier);
         if (n == NULL) return NULL;
     }
     if (n != Py_None) {
         Py_ssize_t pending = PyObject_Length(f->deferred);
         if (pending < 0) goto error;
         if (pending == 0) {
-            PyObject *check = PyObject_GetAttr(n, str_serves);
+            PyObject *check = PyObject_GetAttr(n, str.serves_running_loop);
             if (check == NULL) goto error;
             int ok;
             if (Py_IS_TYPE(check, &_acs_LoopCheckType.type)) {
@@ -94,29 +95,19 @@ static const Py_ssize_t Finder_refs[] = {
 
 AcsType _acs_FinderType = {
     .type = {
-        PyVarObject_HEAD_INIT(NULL, 0)
-        .tp_name = "aiocudasem._hotpath.Finder",
-        .tp_basicsize = sizeof(FinderObject),
-        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+        ACS_TYPE_HEAD("_hotpath.Finder", FinderObject,
+                      Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL),
         .tp_doc = "Finder(here, deferred, slow)\n--\n\nCalled with no arguments, here.notifier if "
                   "deferred is empty and the notifier serves the running loop, else slow().",
         .tp_new = Finder_new,
-        .tp_vectorcall_offset = offsetof(FinderObject, vectorcall),
-        .tp_call = PyVectorcall_Call,
-        .tp_traverse = acs_traverse,
-        .tp_clear = acs_clear,
-        .tp_dealloc = acs_dealloc,
+        ACS_VECTORCALL_SLOTS(FinderObject),
+        ACS_GC_SLOTS,
     },
     .refs = Finder_refs,
 };
 
 int _acs_finder_init(PyObject *module) {
-    const AcsName names[] = {
-        {&str_notifier, "notifier"},
-        {&str_serves, "serves_running_loop"},
-        {NULL, NULL},
-    };
-    if (_acs_intern(names) < 0) return -1;
-    return _acs_add_type(module, "Finder", &_acs_FinderType.type);
+    if (acs_intern_names() < 0) return -1;
+    return acs_add_type(module, "Finder", &_acs_FinderType.type);
 }
 

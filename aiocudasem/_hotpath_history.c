@@ -8,11 +8,11 @@
  * whenever configure() changes it, so Tuning's default is the only one. */
 static double spin_limit = 0.0;
 
+PyDoc_STRVAR(History_doc, "History()\n--\n\nHow long the recent waits on one stream took, which "
+             "sets how long the next one spins, and the newest point parked on it, which later "
+             "waits may share.");
 static PyObject *History_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    if (PyTuple_GET_SIZE(args) != 0 || (kwds != NULL && PyDict_GET_SIZE(kwds) != 0)) {
-        PyErr_SetString(PyExc_TypeError, "History() takes no arguments");
-        return NULL;
-    }
+    if (acs_no_args("History", args, kwds) < 0) return NULL;
     HistoryObject *h = (HistoryObject *)type->tp_alloc(type, 0);
     if (h == NULL) return NULL;
     h->newest = Py_NewRef(Py_None);
@@ -108,17 +108,10 @@ static PyGetSetDef History_getset[] = {
 
 AcsType _acs_HistoryType = {
     .type = {
-        PyVarObject_HEAD_INIT(NULL, 0)
-        .tp_name = "aiocudasem._hotpath.History",
-        .tp_basicsize = sizeof(HistoryObject),
-        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-        .tp_doc = "History()\n--\n\nHow long the recent waits on one stream took, which sets how "
-                  "long the next one spins, and the newest point parked on it, which later waits "
-                  "may share.",
+        ACS_TYPE_HEAD("_hotpath.History", HistoryObject, Py_TPFLAGS_HAVE_GC),
+        .tp_doc = History_doc,
         .tp_new = History_new,
-        .tp_traverse = acs_traverse,
-        .tp_clear = acs_clear,
-        .tp_dealloc = acs_dealloc,
+        ACS_GC_SLOTS,
         .tp_methods = History_methods,
         .tp_members = History_members,
         .tp_getset = History_getset,
@@ -142,6 +135,6 @@ PyObject *_acs_get_spin_limit(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(i
 }
 
 int _acs_history_init(PyObject *module) {
-    if (_acs_add_type(module, "History", &_acs_HistoryType.type) < 0) return -1;
+    if (acs_add_type(module, "History", &_acs_HistoryType.type) < 0) return -1;
     return PyModule_AddIntConstant(module, "PROBE_EVERY", PROBE_EVERY);
 }

@@ -9,7 +9,8 @@
  */
 #include "_hotpath.h"
 
-static PyObject *str_name, *str___dict__, *str_runner, *str_asyncio, *str_trio;
+#define NAMES(X) X(name) X(__dict__) X(runner) X(asyncio) X(trio)
+ACS_NAMES(NAMES)
 
 enum { KIND_ASYNCIO = 0, KIND_TRIO = 1 };
 
@@ -54,7 +55,7 @@ static PyTypeObject *thread_local_type; /* _thread._local */
 static PyObject *thread_dict(PyObject *local, PyObject **cache, uint64_t *tsid) {
     uint64_t id = PyThreadState_GetID(PyThreadState_Get());
     if (*cache == NULL || *tsid != id) {
-        PyObject *d = PyObject_GetAttr(local, str___dict__);
+        PyObject *d = PyObject_GetAttr(local, str.__dict__);
         if (d == NULL) return NULL;
         if (!PyDict_CheckExact(d)) {
             Py_DECREF(d);
@@ -79,7 +80,7 @@ static PyObject *class_name(LoopCheckObject *c) {
     PyTypeObject *t = Py_TYPE(c->local);
     if (c->default_name != NULL && t->tp_version_tag != 0 && t->tp_version_tag == c->default_tag)
         return c->default_name;
-    PyObject *d = PyObject_GetAttr((PyObject *)t, str_name);
+    PyObject *d = PyObject_GetAttr((PyObject *)t, str.name);
     if (d == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
         PyErr_Clear();
@@ -98,21 +99,21 @@ static PyObject *class_name(LoopCheckObject *c) {
 
 /* local.name for this thread, as getattr() reads it: a new reference, or NULL. */
 static PyObject *local_name(LoopCheckObject *c) {
-    if (c->generic) return PyObject_GetAttr(c->local, str_name);
+    if (c->generic) return PyObject_GetAttr(c->local, str.name);
     PyObject *d = thread_dict(c->local, &c->ldict, &c->tsid);
     if (d == NULL) {
         if (PyErr_Occurred()) return NULL;
         c->generic = 1;
-        return PyObject_GetAttr(c->local, str_name);
+        return PyObject_GetAttr(c->local, str.name);
     }
-    PyObject *v = PyDict_GetItemWithError(d, str_name); /* borrowed */
+    PyObject *v = PyDict_GetItemWithError(d, str.name); /* borrowed */
     if (v == NULL) {
         if (PyErr_Occurred()) return NULL;
         v = class_name(c);
         if (v == NULL) {
             if (PyErr_Occurred()) return NULL;
             c->generic = 1;
-            return PyObject_GetAttr(c->local, str_name);
+            return PyObject_GetAttr(c->local, str.name);
         }
     }
     return Py_NewRef(v);
@@ -123,7 +124,7 @@ int _acs_loop_check(LoopCheckObject *c) {
     if (c->local != Py_None) {
         PyObject *name = local_name(c);
         if (name == NULL) return -1;
-        int ok = c->kind == KIND_ASYNCIO ? name == Py_None : is_str(name, str_trio);
+        int ok = c->kind == KIND_ASYNCIO ? name == Py_None : is_str(name, str.trio);
         Py_DECREF(name);
         if (!ok) return 0;
     }
@@ -134,14 +135,14 @@ int _acs_loop_check(LoopCheckObject *c) {
             PyErr_SetObject(PyExc_LookupError, c->cvar);
             return -1;
         }
-        int ok = v == Py_None || is_str(v, str_asyncio);
+        int ok = v == Py_None || is_str(v, str.asyncio);
         Py_XDECREF(v);
         if (!ok) return 0;
     }
     if (c->runner != NULL) {
         PyObject *d = thread_dict(c->context, &c->cdict, &c->ctsid);
         if (d != NULL) {
-            PyObject *runner = PyDict_GetItemWithError(d, str_runner); /* borrowed */
+            PyObject *runner = PyDict_GetItemWithError(d, str.runner); /* borrowed */
             if (runner == NULL && PyErr_Occurred()) return -1;
             return runner == c->runner; /* none: not inside trio.run, as the probe says */
         }
@@ -180,9 +181,9 @@ static PyObject *LoopCheck_new(PyTypeObject *type, PyObject *args, PyObject *kwd
                                      &probe, &local, &cvar, &context, &runner))
         return NULL;
     int kind;
-    if (PyUnicode_Compare(library, str_asyncio) == 0) {
+    if (PyUnicode_Compare(library, str.asyncio) == 0) {
         kind = KIND_ASYNCIO;
-    } else if (PyUnicode_Compare(library, str_trio) == 0) {
+    } else if (PyUnicode_Compare(library, str.trio) == 0) {
         kind = KIND_TRIO;
         if (local == Py_None) {
             PyErr_SetString(PyExc_ValueError, "a trio loop check needs sniffio's thread-local");
@@ -259,10 +260,8 @@ static int LoopCheck_clear(PyObject *self) {
 
 AcsType _acs_LoopCheckType = {
     .type = {
-        PyVarObject_HEAD_INIT(NULL, 0)
-        .tp_name = "aiocudasem._hotpath.LoopCheck",
-        .tp_basicsize = sizeof(LoopCheckObject),
-        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+        ACS_TYPE_HEAD("_hotpath.LoopCheck", LoopCheckObject,
+                      Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL),
         .tp_doc = "LoopCheck(library, token, probe, local, cvar, *, context=None, runner=None)"
                   "\n--\n\n"
                   "Called with no arguments, True while the running loop is the token's ('asyncio' "
@@ -270,8 +269,7 @@ AcsType _acs_LoopCheckType = {
                   "thread-local that holds the running Runner, and the token's, read instead of "
                   "calling the probe.",
         .tp_new = LoopCheck_new,
-        .tp_vectorcall_offset = offsetof(LoopCheckObject, vectorcall),
-        .tp_call = PyVectorcall_Call,
+        ACS_VECTORCALL_SLOTS(LoopCheckObject),
         .tp_traverse = acs_traverse,
         .tp_clear = LoopCheck_clear,
         .tp_dealloc = acs_dealloc,
@@ -280,20 +278,8 @@ AcsType _acs_LoopCheckType = {
 };
 
 int _acs_loopcheck_init(PyObject *module) {
-    const AcsName names[] = {
-        {&str_name, "name"},       {&str___dict__, "__dict__"}, {&str_runner, "runner"},
-        {&str_asyncio, "asyncio"}, {&str_trio, "trio"},         {NULL, NULL},
-    };
-    if (_acs_intern(names) < 0) return -1;
-    PyObject *thread = PyImport_ImportModule("_thread");
-    if (thread == NULL) return -1;
-    thread_local_type = (PyTypeObject *)PyObject_GetAttrString(thread, "_local");
-    Py_DECREF(thread);
-    if (thread_local_type == NULL) return -1;
-    if (!PyType_Check(thread_local_type)) {
-        PyErr_SetString(PyExc_TypeError, "_thread._local is not a type");
-        return -1;
-    }
-    return _acs_add_type(module, "LoopCheck", &_acs_LoopCheckType.type);
+    if (acs_intern_names() < 0) return -1;
+    if ((thread_local_type = acs_import_type("_thread", "_local")) == NULL) return -1;
+    return acs_add_type(module, "LoopCheck", &_acs_LoopCheckType.type);
 }
 

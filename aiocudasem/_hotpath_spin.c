@@ -21,8 +21,8 @@
 /* The pool's size limit (_EventPool._LIMIT), handed over by _pools as the spin limit is. */
 static Py_ssize_t pool_limit = 0;
 
-static PyObject *str_event_create, *str_event_record, *str_event_query, *str_event_destroy,
-    *str_stream_query;
+#define NAMES(X) X(event_create) X(event_record) X(event_query) X(event_destroy) X(stream_query)
+ACS_NAMES(NAMES)
 
 static PyTypeObject *deque_type; /* collections.deque */
 
@@ -32,7 +32,7 @@ int _acs_give_event_back(WaitStateObject *s, PyObject *event) {
         rc = PyList_Append(s->pool, event);
     } else {
         PyObject *args[2] = {s->driver, event};
-        PyObject *r = PyObject_VectorcallMethod(str_event_destroy, args,
+        PyObject *r = PyObject_VectorcallMethod(str.event_destroy, args,
                                                 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
         rc = r == NULL ? -1 : 0;
         Py_XDECREF(r);
@@ -59,12 +59,12 @@ PyObject *_acs_take_recorded(WaitStateObject *s) {
         }
     } else {
         PyObject *args[2] = {s->driver, s->device};
-        event = PyObject_VectorcallMethod(str_event_create, args,
+        event = PyObject_VectorcallMethod(str.event_create, args,
                                           2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
         if (event == NULL) return NULL;
     }
     PyObject *args[3] = {s->driver, event, s->handle};
-    PyObject *r = PyObject_VectorcallMethod(str_event_record, args,
+    PyObject *r = PyObject_VectorcallMethod(str.event_record, args,
                                             3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     if (r == NULL) { /* record_pooled(): the event goes back, the error propagates */
         _acs_put_back(pool, event);
@@ -76,7 +76,7 @@ PyObject *_acs_take_recorded(WaitStateObject *s) {
 
 int _acs_query(WaitStateObject *s, PyObject *event) {
     PyObject *args[2] = {s->driver, event != NULL ? event : s->handle};
-    PyObject *r = PyObject_VectorcallMethod(event != NULL ? str_event_query : str_stream_query,
+    PyObject *r = PyObject_VectorcallMethod(event != NULL ? str.event_query : str.stream_query,
                                             args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     if (r == NULL) return -1;
     int done = r == Py_True ? 1 : r == Py_False ? 0 : PyObject_IsTrue(r);
@@ -101,20 +101,7 @@ PyObject *_acs_set_pool_limit(PyObject *Py_UNUSED(module), PyObject *arg) {
 }
 
 int _acs_spin_init(PyObject *module) {
-    const AcsName names[] = {
-        {&str_event_create, "event_create"},   {&str_event_record, "event_record"},
-        {&str_event_query, "event_query"},     {&str_event_destroy, "event_destroy"},
-        {&str_stream_query, "stream_query"},   {NULL, NULL},
-    };
-    if (_acs_intern(names) < 0) return -1;
-    PyObject *collections = PyImport_ImportModule("collections");
-    if (collections == NULL) return -1;
-    deque_type = (PyTypeObject *)PyObject_GetAttrString(collections, "deque");
-    Py_DECREF(collections);
-    if (deque_type == NULL) return -1;
-    if (!PyType_Check(deque_type)) {
-        PyErr_SetString(PyExc_TypeError, "collections.deque is not a type");
-        return -1;
-    }
+    if (acs_intern_names() < 0) return -1;
+    if ((deque_type = acs_import_type("collections", "deque")) == NULL) return -1;
     return PyModule_AddObject(module, "IDLE_SPIN", PyFloat_FromDouble(IDLE_SPIN));
 }

@@ -11,6 +11,9 @@
 
 /* ------------------------------------------------------------------ WaitState */
 
+PyDoc_STRVAR(WaitState_doc, "WaitState(driver, device, handle, pool, history, hooks, finder, *, "
+             "record_first=False)\n--\n\nWhat the waits of one stream share: wait_complete() "
+             "takes it.");
 static PyObject *WaitState_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"driver", "device",  "handle",       "pool", "history",
                              "hooks",  "finder", "record_first", NULL};
@@ -59,18 +62,11 @@ static const Py_ssize_t WaitState_refs[] = {
 
 AcsType _acs_WaitStateType = {
     .type = {
-        PyVarObject_HEAD_INIT(NULL, 0)
-        .tp_name = "aiocudasem._hotpath.WaitState",
-        .tp_basicsize = sizeof(WaitStateObject),
-        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-        .tp_doc = "WaitState(driver, device, handle, pool, history, hooks, finder, *, "
-                  "record_first=False)\n--\n\nWhat the waits of one stream share: "
-                  "wait_complete() takes it.",
+        ACS_TYPE_HEAD("_hotpath.WaitState", WaitStateObject, Py_TPFLAGS_HAVE_GC),
+        .tp_doc = WaitState_doc,
         .tp_new = WaitState_new,
         .tp_members = WaitState_members,
-        .tp_traverse = acs_traverse,
-        .tp_clear = acs_clear,
-        .tp_dealloc = acs_dealloc,
+        ACS_GC_SLOTS,
     },
     .refs = WaitState_refs,
 };
@@ -78,8 +74,7 @@ AcsType _acs_WaitStateType = {
 /* ------------------------------------------------------------------ Counters */
 
 static PyObject *Counters_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, ":Counters", kwlist)) return NULL;
+    if (acs_no_args("Counters", args, kwds) < 0) return NULL;
     return type->tp_alloc(type, 0); /* zeroed */
 }
 
@@ -93,10 +88,7 @@ static PyMemberDef Counters_members[] = {
 
 AcsType _acs_CountersType = {
     .type = {
-        PyVarObject_HEAD_INIT(NULL, 0)
-        .tp_name = "aiocudasem._hotpath.Counters",
-        .tp_basicsize = sizeof(CountersObject),
-        .tp_flags = Py_TPFLAGS_DEFAULT,
+        ACS_TYPE_HEAD("_hotpath.Counters", CountersObject, 0),
         .tp_doc = "Counters()\n--\n\nA notifier's counts that wait_complete() keeps.",
         .tp_new = Counters_new,
         .tp_members = Counters_members,
@@ -104,6 +96,10 @@ AcsType _acs_CountersType = {
 };
 
 int _acs_state_init(PyObject *module) {
-    if (_acs_add_type(module, "WaitState", &_acs_WaitStateType.type) < 0) return -1;
-    return _acs_add_type(module, "Counters", &_acs_CountersType.type);
+    const AcsTypeEntry types[] = {
+        {"WaitState", &_acs_WaitStateType.type},
+        {"Counters", &_acs_CountersType.type},
+        {NULL, NULL},
+    };
+    return acs_add_types(module, types);
 }

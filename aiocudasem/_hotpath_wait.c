@@ -37,9 +37,10 @@
  */
 #include "_hotpath.h"
 
-static PyObject *str_bare_yield, *str_counters, *str_checkpoint, *str_closed_error,
-    *str_query_failed, *str_drive, *str_shared_point, *str_wait, *str_wait_recorded,
-    *str_may_spin, *str_ready_queue, *str_throw, *str_close;
+#define NAMES(X)                                                                                \
+    X(bare_yield) X(counters) X(checkpoint) X(closed_error) X(query_failed) X(drive)            \
+    X(shared_point) X(wait) X(wait_recorded) X(may_spin) X(ready_queue) X(throw) X(close)
+ACS_NAMES(NAMES)
 
 #define CALL_METHOD(name, args, n)                                                              \
     PyObject_VectorcallMethod((name), (args), (n) | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL)
@@ -101,7 +102,7 @@ static void fail(WaitObject *c) {
 /* hooks.closed_error() raised: always -1. */
 static int raise_closed(WaitStateObject *s) {
     PyObject *args[1] = {s->hooks};
-    PyObject *exc = CALL_METHOD(str_closed_error, args, 1);
+    PyObject *exc = CALL_METHOD(str.closed_error, args, 1);
     if (exc == NULL) return -1;
     if (PyExceptionInstance_Check(exc))
         PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
@@ -116,7 +117,7 @@ static Step query_failed(WaitObject *c) {
     PyObject *exc = acs_err_take();
     PyObject *args[3] = {c->state->hooks, (PyObject *)c->state, exc};
     c->head.executing = 1;
-    PyObject *r = CALL_METHOD(str_query_failed, args, 3);
+    PyObject *r = CALL_METHOD(str.query_failed, args, 3);
     c->head.executing = 0;
     Py_DECREF(exc);
     if (r != NULL) { /* it always raises */
@@ -133,7 +134,7 @@ static Step checkpoint(WaitObject *c, PyObject **out) {
     if (c->bare && !c->driven) return STEP_YIELD;
     PyObject *args[1] = {c->notifier};
     c->head.executing = 1;
-    *out = CALL_METHOD(str_checkpoint, args, 1);
+    *out = CALL_METHOD(str.checkpoint, args, 1);
     c->head.executing = 0;
     return *out != NULL ? STEP_AWAIT : STEP_ERROR;
 }
@@ -164,7 +165,7 @@ static Step park(WaitObject *c, PyObject **out) {
         PyObject *args[9] = {c->notifier, s->driver, s->device, s->handle, c->event,
                              s->pool,     s->history, started,  recorded};
         c->head.executing = 1;
-        *out = CALL_METHOD(str_wait_recorded, args, 9);
+        *out = CALL_METHOD(str.wait_recorded, args, 9);
         c->head.executing = 0;
     }
     Py_XDECREF(started);
@@ -201,14 +202,14 @@ static Step busy(WaitObject *c, PyObject **out) {
             if (started == NULL) return STEP_ERROR;
             PyObject *args[3] = {c->notifier, s->history, started};
             c->head.executing = 1;
-            PyObject *point = CALL_METHOD(str_shared_point, args, 3);
+            PyObject *point = CALL_METHOD(str.shared_point, args, 3);
             c->head.executing = 0;
             Py_DECREF(started);
             if (point == NULL) return STEP_ERROR;
             if (point != Py_None) {
                 PyObject *wargs[2] = {c->notifier, point};
                 c->head.executing = 1;
-                *out = CALL_METHOD(str_wait, wargs, 2);
+                *out = CALL_METHOD(str.wait, wargs, 2);
                 c->head.executing = 0;
                 Py_DECREF(point);
                 if (*out == NULL) return STEP_ERROR;
@@ -225,7 +226,7 @@ static Step busy(WaitObject *c, PyObject **out) {
     }
     PyObject *args[1] = {c->notifier};
     c->head.executing = 1;
-    PyObject *r = CALL_METHOD(str_may_spin, args, 1);
+    PyObject *r = CALL_METHOD(str.may_spin, args, 1);
     int may = r == NULL ? -1 : PyObject_IsTrue(r);
     Py_XDECREF(r);
     c->head.executing = 0;
@@ -233,7 +234,7 @@ static Step busy(WaitObject *c, PyObject **out) {
     double window = may ? _acs_spin_window(h) : 0.0;
     if (!(window > 0.0)) return park(c, out);
     c->head.executing = 1;
-    c->ready = PyObject_GetAttr(c->notifier, str_ready_queue);
+    c->ready = PyObject_GetAttr(c->notifier, str.ready_queue);
     c->head.executing = 0;
     if (c->ready == NULL) return STEP_ERROR;
     c->deadline = c->started + window;
@@ -279,12 +280,12 @@ static int know_notifier(FinderObject *f, PyObject *n, int *is_bare, PyObject **
         *counters = Py_NewRef(f->seen_counters);
         return 0;
     }
-    PyObject *bare = PyObject_GetAttr(n, str_bare_yield);
+    PyObject *bare = PyObject_GetAttr(n, str.bare_yield);
     if (bare == NULL) return -1;
     int b = PyObject_IsTrue(bare);
     Py_DECREF(bare);
     if (b < 0) return -1;
-    PyObject *t = PyObject_GetAttr(n, str_counters);
+    PyObject *t = PyObject_GetAttr(n, str.counters);
     if (t == NULL) return -1;
     if (!Py_IS_TYPE(t, &_acs_CountersType.type)) {
         PyErr_Format(PyExc_TypeError, "a notifier's counters must be Counters, not %.100s",
@@ -452,7 +453,7 @@ static int Wait_end(PyObject *self) {
     fail(c);
     if (sub != NULL) {
         c->head.executing = 1;
-        PyObject *r = PyObject_CallMethodNoArgs(sub, str_close);
+        PyObject *r = PyObject_CallMethodNoArgs(sub, str.close);
         c->head.executing = 0;
         Py_DECREF(sub);
         if (r == NULL) return -1;
@@ -482,7 +483,7 @@ static PyObject *Wait_thrown(PyObject *self, PyObject *const *args, Py_ssize_t n
         if (Wait_end(self) < 0) return NULL;
         return acs_raise_thrown(args, nargs);
     }
-    PyObject *meth = PyObject_GetAttr(c->sub, str_throw);
+    PyObject *meth = PyObject_GetAttr(c->sub, str.throw);
     if (meth == NULL) { /* no throw(): closed, then raised here, as `yield from` does */
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
             fail(c);
@@ -591,19 +592,14 @@ static PyAsyncMethods Wait_async = {
 
 static AcsType WaitType = {
     .type = {
-        PyVarObject_HEAD_INIT(NULL, 0)
-        .tp_name = "aiocudasem._hotpath.WaitComplete",
-        .tp_basicsize = sizeof(WaitObject),
-        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+        ACS_TYPE_HEAD("_hotpath.WaitComplete", WaitObject, Py_TPFLAGS_HAVE_GC),
         .tp_doc = "The coroutine of Stream.wait_complete() (see wait_complete()).",
         .tp_as_async = &Wait_async,
         .tp_iter = acs_return_self,
         .tp_iternext = acs_await_next,
         .tp_methods = Wait_methods,
         .tp_getset = Wait_getset,
-        .tp_traverse = acs_traverse,
-        .tp_clear = acs_clear,
-        .tp_dealloc = acs_dealloc,
+        ACS_GC_SLOTS,
         .tp_finalize = Wait_finalize,
     },
     .refs = Wait_refs,
@@ -635,28 +631,12 @@ PyObject *_acs_wait_complete(PyObject *Py_UNUSED(module), PyObject *state) {
     PyObject_GC_Track(c);
     if (!driven) return (PyObject *)c;
     PyObject *args[2] = {s->hooks, (PyObject *)c};
-    PyObject *co = CALL_METHOD(str_drive, args, 2);
+    PyObject *co = CALL_METHOD(str.drive, args, 2);
     Py_DECREF(c);
     return co;
 }
 
 int _acs_wait_init(PyObject *module) {
-    const AcsName names[] = {
-        {&str_bare_yield, "bare_yield"},
-        {&str_counters, "counters"},
-        {&str_checkpoint, "checkpoint"},
-        {&str_closed_error, "closed_error"},
-        {&str_query_failed, "query_failed"},
-        {&str_drive, "drive"},
-        {&str_shared_point, "shared_point"},
-        {&str_wait, "wait"},
-        {&str_wait_recorded, "wait_recorded"},
-        {&str_may_spin, "may_spin"},
-        {&str_ready_queue, "ready_queue"},
-        {&str_throw, "throw"},
-        {&str_close, "close"},
-        {NULL, NULL},
-    };
-    if (_acs_intern(names) < 0) return -1;
-    return _acs_add_type(module, "WaitComplete", &WaitType.type);
+    if (acs_intern_names() < 0) return -1;
+    return acs_add_type(module, "WaitComplete", &WaitType.type);
 }

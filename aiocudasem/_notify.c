@@ -156,8 +156,7 @@ static int make_fds(int *rfd, int *wfd) {
 }
 
 static PyObject *Notifier_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, ":Notifier", kwlist)) return NULL;
+    if (acs_no_args("Notifier", args, kwds) < 0) return NULL;
     NotifierObject *self = (NotifierObject *)type->tp_alloc(type, 0);
     if (!self) return NULL;
     state_t *st = calloc(1, sizeof *st);
@@ -200,6 +199,8 @@ static state_t *open_state(NotifierObject *self) {
     return self->st;
 }
 
+PyDoc_STRVAR(Notifier_arm_doc, "arm(token) -> int: allocate the host function's user data for one "
+             "completion.");
 static PyObject *Notifier_arm(NotifierObject *self, PyObject *arg) {
     state_t *st = open_state(self);
     if (!st) return NULL;
@@ -216,6 +217,8 @@ static PyObject *Notifier_arm(NotifierObject *self, PyObject *arg) {
     return PyLong_FromVoidPtr(n);
 }
 
+PyDoc_STRVAR(Notifier_disarm_doc, "disarm(user_data): release user data whose host function was "
+             "never enqueued.");
 static PyObject *Notifier_disarm(NotifierObject *self, PyObject *arg) {
     /* Undo arm() after the driver refused the launch: the host function will never run. */
     state_t *st = open_state(self);
@@ -249,6 +252,8 @@ static void put_back(state_t *st, node_t *n) {
     pthread_mutex_unlock(&st->lock);
 }
 
+PyDoc_STRVAR(Notifier_drain_doc, "drain() -> list[int]: consume the wake-up and return the "
+             "completed tokens, oldest first.");
 static PyObject *Notifier_drain(NotifierObject *self, PyObject *Py_UNUSED(ignored)) {
     state_t *st = open_state(self);
     if (!st) return NULL;
@@ -282,61 +287,76 @@ static PyObject *Notifier_drain(NotifierObject *self, PyObject *Py_UNUSED(ignore
     return out;
 }
 
-static PyObject *Notifier_queued(NotifierObject *self, PyObject *Py_UNUSED(ignored)) {
-    /* Whether a completion waits in the queue: lets a coroutine that is not the drainer
-     * deliver it without a read() of the fd when there is none (the usual case). */
+/* test(st, token) under the lock of an open notifier, as a bool; False if closed (the
+ * questions of any thread or loop that holds the GIL: queued(), fired(), kick()). */
+static PyObject *locked_test(NotifierObject *self, int (*test)(state_t *, uint64_t),
+                             uint64_t token) {
     state_t *st = self->st;
     if (!st) Py_RETURN_FALSE;
     pthread_mutex_lock(&st->lock);
-    int queued = st->head != NULL;
+    int yes = test(st, token);
     pthread_mutex_unlock(&st->lock);
-    return PyBool_FromLong(queued);
+    return PyBool_FromLong(yes);
 }
 
+/* Whether a completion waits in the queue: lets a coroutine that is not the drainer deliver it
+ * without a read() of the fd when there is none (the usual case). */
+static int is_queued(state_t *st, uint64_t Py_UNUSED(token)) {
+    return st->head != NULL;
+}
+
+PyDoc_STRVAR(Notifier_queued_doc, "queued() -> bool: a completion is waiting for drain(); False if "
+             "closed.");
+static PyObject *Notifier_queued(NotifierObject *self, PyObject *Py_UNUSED(ignored)) {
+    return locked_test(self, is_queued, 0);
+}
+
+/* Whether the host function armed with `token` has run and its token waits in the queue (not
+ * drained yet). Another loop asks, for a point whose owner has not collected it: a scan of the
+ * queue, which holds at most the host functions that fired since the owner last drained. */
+static int has_fired(state_t *st, uint64_t token) {
+    for (node_t *n = st->head; n; n = n->next)
+        if (n->token == token) return 1;
+    return 0;
+}
+
+PyDoc_STRVAR(Notifier_fired_doc, "fired(token) -> bool: its host function ran and the token waits "
+             "for drain(); False if closed.");
 static PyObject *Notifier_fired(NotifierObject *self, PyObject *arg) {
-    /* Whether the host function armed with `token` has run and its token waits in the queue
-     * (not drained yet). Another loop asks, for a point whose owner has not collected it: a
-     * scan of the queue, which holds at most the host functions that fired since the owner
-     * last drained. False if closed. */
     unsigned long long token = PyLong_AsUnsignedLongLong(arg);
     if (token == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-    state_t *st = self->st;
-    if (!st) Py_RETURN_FALSE;
-    int found = 0;
-    pthread_mutex_lock(&st->lock);
-    for (node_t *n = st->head; n; n = n->next) {
-        if (n->token == token) {
-            found = 1;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&st->lock);
-    return PyBool_FromLong(found);
+    return locked_test(self, has_fired, token);
 }
 
+/* Wake the loop's fd without a completion (a device fault, a fork). Safe from any thread that
+ * holds the GIL; a closed notifier ignores it. */
+static int wake_if_open(state_t *st, uint64_t Py_UNUSED(token)) {
+    if (st->closed) return 0;
+    wake_fd(st->wfd);
+    return 1;
+}
+
+PyDoc_STRVAR(Notifier_kick_doc, "kick() -> bool: wake the fd without a completion; False if "
+             "closed.");
 static PyObject *Notifier_kick(NotifierObject *self, PyObject *Py_UNUSED(ignored)) {
-    /* Wake the loop's fd without a completion (a device fault, a fork). Safe from any thread
-     * that holds the GIL; a closed notifier ignores it. */
-    state_t *st = self->st;
-    if (!st) Py_RETURN_FALSE;
-    pthread_mutex_lock(&st->lock);
-    int open = !st->closed;
-    if (open) wake_fd(st->wfd);
-    pthread_mutex_unlock(&st->lock);
-    return PyBool_FromLong(open);
+    return locked_test(self, wake_if_open, 0);
 }
 
+PyDoc_STRVAR(Notifier_fileno_doc, "fileno() -> int: the wake-up fd.");
 static PyObject *Notifier_fileno(NotifierObject *self, PyObject *Py_UNUSED(ignored)) {
     state_t *st = open_state(self);
     if (!st) return NULL;
     return PyLong_FromLong(st->rfd);
 }
 
+PyDoc_STRVAR(Notifier_close_doc, "close(): idempotent; closes the fd now, frees the state once no "
+             "host function is outstanding.");
 static PyObject *Notifier_close(NotifierObject *self, PyObject *Py_UNUSED(ignored)) {
     notifier_close(self);
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(Notifier_stats_doc, "stats() -> dict: pending, wakeups and fired counters.");
 static PyObject *Notifier_stats(NotifierObject *self, PyObject *Py_UNUSED(ignored)) {
     state_t *st = open_state(self);
     if (!st) return NULL;
@@ -351,23 +371,15 @@ static PyObject *Notifier_get_closed(NotifierObject *self, void *Py_UNUSED(closu
 }
 
 static PyMethodDef Notifier_methods[] = {
-    {"arm", (PyCFunction)Notifier_arm, METH_O,
-     "arm(token) -> int: allocate the host function's user data for one completion."},
-    {"disarm", (PyCFunction)Notifier_disarm, METH_O,
-     "disarm(user_data): release user data whose host function was never enqueued."},
-    {"drain", (PyCFunction)Notifier_drain, METH_NOARGS,
-     "drain() -> list[int]: consume the wake-up and return the completed tokens, oldest first."},
-    {"queued", (PyCFunction)Notifier_queued, METH_NOARGS,
-     "queued() -> bool: a completion is waiting for drain(); False if closed."},
-    {"fired", (PyCFunction)Notifier_fired, METH_O,
-     "fired(token) -> bool: its host function ran and the token waits for drain(); False if closed."},
-    {"kick", (PyCFunction)Notifier_kick, METH_NOARGS,
-     "kick() -> bool: wake the fd without a completion; False if closed."},
-    {"fileno", (PyCFunction)Notifier_fileno, METH_NOARGS, "fileno() -> int: the wake-up fd."},
-    {"close", (PyCFunction)Notifier_close, METH_NOARGS,
-     "close(): idempotent; closes the fd now, frees the state once no host function is outstanding."},
-    {"stats", (PyCFunction)Notifier_stats, METH_NOARGS,
-     "stats() -> dict: pending, wakeups and fired counters."},
+    {"arm", (PyCFunction)Notifier_arm, METH_O, Notifier_arm_doc},
+    {"disarm", (PyCFunction)Notifier_disarm, METH_O, Notifier_disarm_doc},
+    {"drain", (PyCFunction)Notifier_drain, METH_NOARGS, Notifier_drain_doc},
+    {"queued", (PyCFunction)Notifier_queued, METH_NOARGS, Notifier_queued_doc},
+    {"fired", (PyCFunction)Notifier_fired, METH_O, Notifier_fired_doc},
+    {"kick", (PyCFunction)Notifier_kick, METH_NOARGS, Notifier_kick_doc},
+    {"fileno", (PyCFunction)Notifier_fileno, METH_NOARGS, Notifier_fileno_doc},
+    {"close", (PyCFunction)Notifier_close, METH_NOARGS, Notifier_close_doc},
+    {"stats", (PyCFunction)Notifier_stats, METH_NOARGS, Notifier_stats_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -377,10 +389,7 @@ static PyGetSetDef Notifier_getset[] = {
 };
 
 static PyTypeObject NotifierType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "aiocudasem._notify.Notifier",
-    .tp_basicsize = sizeof(NotifierObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    ACS_TYPE_HEAD("_notify.Notifier", NotifierObject, 0),
     .tp_doc = "A completion queue with one wake-up fd, filled by a GIL-free host function.",
     .tp_new = Notifier_new,
     .tp_dealloc = (destructor)Notifier_dealloc,
@@ -445,10 +454,7 @@ static PyAsyncMethods Yield_async = {
 
 static AcsType YieldType = {
     .type = {
-        PyVarObject_HEAD_INIT(NULL, 0)
-        .tp_name = "aiocudasem._notify.Yield",
-        .tp_basicsize = sizeof(YieldObject),
-        .tp_flags = Py_TPFLAGS_DEFAULT,
+        ACS_TYPE_HEAD("_notify.Yield", YieldObject, 0),
         .tp_doc = "One bare yield to an asyncio task (see yield_once()).",
         .tp_as_async = &Yield_async,
         .tp_iter = acs_return_self,
@@ -464,28 +470,15 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef notify_module = {
-    PyModuleDef_HEAD_INIT,
-    .m_name = "aiocudasem._notify",
-    .m_doc = "GIL-free CUDA host function and completion queue.",
-    .m_size = -1,
-    .m_methods = module_methods,
-};
-
-PyMODINIT_FUNC PyInit__notify(void) {
-    if (PyType_Ready(&NotifierType) < 0) return NULL;
-    if (PyType_Ready(&YieldType.type) < 0) return NULL;
-    PyObject *m = PyModule_Create(&notify_module);
-    if (!m) return NULL;
-    Py_INCREF(&NotifierType);
-    if (PyModule_AddObject(m, "Notifier", (PyObject *)&NotifierType) < 0) {
-        Py_DECREF(&NotifierType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    if (PyModule_AddObject(m, "HOST_FN", PyLong_FromVoidPtr((void *)host_fn)) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
+static int notify_init(PyObject *m) {
+    const AcsTypeEntry types[] = {
+        {"Notifier", &NotifierType},
+        {NULL, &YieldType.type}, /* only yield_once() makes one */
+        {NULL, NULL},
+    };
+    if (acs_add_types(m, types) < 0) return -1;
+    return PyModule_AddObject(m, "HOST_FN", PyLong_FromVoidPtr((void *)host_fn));
 }
+
+ACS_MODULE(_notify, "GIL-free CUDA host function and completion queue.", module_methods,
+           notify_init)
