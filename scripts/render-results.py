@@ -239,7 +239,18 @@ def loop_table(data: dict[str, Any], loop: str) -> list[str]:
 def results_block(data: dict[str, Any]) -> str:
     lines = header(data)
     lines += ["", *loop_table(data, "asyncio")]
-    if data["summary"].get("trio"):
+    summary = data["summary"]
+    spin, park = (
+        med(summary.get("aiocudasem", {}).get("wake_us")),
+        med(summary.get("aiocudasem_parked", {}).get("wake_us")),
+    )
+    if spin is not None and park is not None:
+        lines += [
+            "",
+            f"A parked wake took {fmt(park - spin, '.0f')} us longer than one inside the spin "
+            "window (medians).",
+        ]
+    if summary.get("trio"):
         lines += ["", *loop_table(data, "trio")]
     else:
         lines += ["", "### trio", "", "Not measured in this run."]
@@ -252,17 +263,6 @@ def results_block(data: dict[str, Any]) -> str:
             "",
             "Not yet benchmarked: `aiocudasem bench` measures asyncio's own loop and trio. The "
             "test suite runs every async test on asyncio with uvloop too.",
-        ]
-    summary = data["summary"]
-    spin, park = (
-        med(summary.get("aiocudasem", {}).get("wake_us")),
-        med(summary.get("aiocudasem_parked", {}).get("wake_us")),
-    )
-    if spin is not None and park is not None:
-        lines += [
-            "",
-            f"On asyncio a parked wake took {park - spin:.0f} us longer than one inside the "
-            "spin window (medians).",
         ]
     return "\n".join(lines)
 
@@ -277,9 +277,9 @@ def detail_block(data: dict[str, Any]) -> str:
     lines = [
         "#### Every approach, asyncio",
         "",
-        "| approach | wake latency, 100 us kernel | its p99 | awaits/s, 1 / 8 streams "
-        "| CPU while parked | work-stream GPU time per await |",
-        "|---|---|---|---|---|---|",
+        "| approach | wake latency, 100 us kernel (us): median (+ over sync); p99 "
+        "| awaits/s, 1 / 8 streams | CPU while parked | work-stream GPU time per await |",
+        "|---|---|---|---|---|",
     ]
     for name, f in summary.items():
         if name in ("trio", "signal", "paired", "uvloop"):
@@ -287,14 +287,15 @@ def detail_block(data: dict[str, Any]) -> str:
         entry = results.get(name, {})
         if "error" in entry or not f:
             lines.append(
-                f"| {label(name, results)} | fails: `{entry.get('error', '?')[:80]}` | | | | |"
+                f"| {label(name, results)} | fails: `{entry.get('error', '?').split(':')[0]}` "
+                "| | | |"
             )
             continue
         wake, m = f.get("wake_us"), med(f.get("wake_us"))
         plus = "" if m is None or sync is None else f" ({signed(m - sync)})"
         lines.append(
-            f"| {label(name, results)} | {spread(wake, unit=' us')}{plus} "
-            f"| {spread(f.get('wake_p99_us'), '.0f', ' us')} "
+            f"| {label(name, results)} | {spread(wake)}{plus}; "
+            f"{spread(f.get('wake_p99_us'), '.0f')} "
             f"| {rate(med(f.get('awaits_per_s_1')))} / {rate(med(f.get('awaits_per_s_8')))} "
             f"| {cpu(f.get('cpu_parked'))} "
             f"| {gpu_us(per_await_us(summary, name)) if name != 'sync' else 'the floor'} |"
@@ -306,16 +307,17 @@ def detail_block(data: dict[str, Any]) -> str:
             "",
             "#### Every approach, trio",
             "",
-            "| approach | wake latency, 100 us kernel | its p99 | awaits/s, 1 / 8 streams |",
-            "|---|---|---|---|",
+            "| approach | wake latency, 100 us kernel (us): median (+ over sync); p99 "
+            "| awaits/s, 1 / 8 streams |",
+            "|---|---|---|",
         ]
         for name, f in trio.items():
             m = med(f.get("wake_us"))
             plus = "" if m is None or tsync is None else f" ({signed(m - tsync)})"
             lines.append(
                 f"| {label(name, results.get('trio', {}))} "
-                f"| {spread(f.get('wake_us'), unit=' us')}{plus} "
-                f"| {spread(f.get('wake_p99_us'), '.0f', ' us')} "
+                f"| {spread(f.get('wake_us'))}{plus}; "
+                f"{spread(f.get('wake_p99_us'), '.0f')} "
                 f"| {rate(med(f.get('awaits_per_s_1')))} / {rate(med(f.get('awaits_per_s_8')))} |"
             )
     crowd = [

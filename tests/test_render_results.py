@@ -107,7 +107,7 @@ def test_it_renders_one_table_per_loop(results_file: Path) -> None:
     assert "114.0 us (+4.0 over blocking sync)" in trio
     assert "not measured on trio" in trio
     assert "0.96 x busy polling" in trio
-    assert "a parked wake took 78 us longer" in out
+    assert "A parked wake took 78 us longer" in asyncio
 
 
 def test_write_replaces_only_the_marked_blocks(results_file: Path, tmp_path: Path) -> None:
