@@ -87,3 +87,44 @@ def test_the_gpu_example_runs(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "AIOCUDASEM_DRIVER"}  # the default: cuda
     result = run(code, tmp_path, env)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_ten_line_example_runs_on_the_simulated_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ "In ten lines" is a function, not a program: run it against simulated semaphores, with
+    a producer thread that makes each frame ready once the previous one is done."""
+    import threading
+
+    import anyio
+
+    from aiocudasem.testing import import_sim_semaphore
+
+    section = README.split("## In ten lines", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```py\n(.*?)^```$", section, re.MULTILINE | re.DOTALL)
+    assert len(blocks) == 1
+    code = blocks[0]
+    assert len([line for line in code.splitlines() if line.strip()]) <= 10
+    namespace: dict[str, object] = {}
+    exec(compile(code, "README.md (In ten lines)", "exec"), namespace)
+    consume = namespace["consume"]
+
+    async def main() -> None:
+        ready, producer = import_sim_semaphore("sim")
+        done, consumer_side = import_sim_semaphore("sim")
+
+        def produce() -> None:
+            for n in range(1, 1001):
+                producer.signal(n)
+                assert consumer_side.block_until(n, timeout=30)
+
+        thread = threading.Thread(target=produce)
+        thread.start()
+        try:
+            with anyio.fail_after(60):
+                async with ready, done:
+                    await consume(ready, done)  # type: ignore[operator]
+        finally:
+            thread.join(timeout=30)
+        assert consumer_side.value == 1000
+
+    monkeypatch.setenv("AIOCUDASEM_DRIVER", "sim")  # the example opens its stream on the default
+    anyio.run(main)
