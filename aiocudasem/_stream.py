@@ -583,6 +583,18 @@ class HandOff:
         check_same_device(self._waits + self._signals, stream._driver, stream._device)
         self._entered = False
 
+    def __enter__(self) -> NoReturn:
+        raise TypeError("a hand-off section is asynchronous: use 'async with stream.handoff(...)'")
+
+    def __exit__(self, *exc_info: object) -> None:  # never reached: __enter__ raises
+        pass
+
+    def __await__(self) -> NoReturn:
+        raise TypeError(
+            "a hand-off section is not awaited: use 'async with stream.handoff(...)' around the "
+            "GPU work it hands off"
+        )
+
     async def __aenter__(self) -> Stream:
         if self._entered:
             raise anyio.ClosedResourceError(

@@ -124,3 +124,13 @@ async def test_a_handoff_refuses_closed_objects(sim: SimDriver) -> None:
         with pytest.raises(anyio.ClosedResourceError, match="closed external semaphore"):
             s2.handoff(acs.Wait(ready, 1), acs.Signal(done, 1))
     await done.aclose()
+
+
+async def test_a_handoff_used_with_sync_with_or_await_says_how_to_use_it(sim: SimDriver) -> None:
+    sem, _ = import_sim_semaphore(sim)
+    async with sem, acs.open_stream(driver=sim) as stream:
+        section = stream.handoff(acs.Wait(sem, 1), [])
+        with pytest.raises(TypeError, match=r"async with stream\.handoff"), section:
+            pass
+        with pytest.raises(TypeError, match=r"async with stream\.handoff"):
+            await section  # type: ignore[misc]
