@@ -10,7 +10,7 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from .._errors import DriverUnavailableError
+from .._errors import DeviceMismatchError, DriverUnavailableError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -22,6 +22,7 @@ __all__ = (
     "SemaphoreDesc",
     "TrackedDriver",
     "forked_error",
+    "stream_handle",
     "track",
     "unavailable",
 )
@@ -315,3 +316,37 @@ def unavailable(reason: str) -> DriverUnavailableError:
         f"pass driver='sim' or set {DRIVER_ENV}=sim.",
         reason=reason,
     )
+
+
+def stream_handle(where: str, stream: object, driver: object, mismatch: str) -> int:
+    """The handle of ``stream`` on ``driver``: an int, or an object with ``__cuda_stream__``
+    (the library's ``Stream`` is one: the drivers, below the objects, know it only by the
+    protocol). An object whose ``driver`` attribute names another driver is refused with
+    ``DeviceMismatchError``: its handle means another stream, or none, on this one (two
+    ``SimDriver`` objects number their streams alike). ``where`` names the call in the
+    messages; ``mismatch`` is that refusal's message after ``where``, with ``{owner}`` and
+    ``{driver}`` (their reprs) to fill in. Serves ``SimDriver.launch()`` and the workloads."""
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        return stream
+    proto = getattr(stream, "__cuda_stream__", None)
+    if proto is None:
+        raise TypeError(
+            f"{where} takes a stream: an aiocudasem.Stream, another object with "
+            f"__cuda_stream__, or a stream handle (an int), not {type(stream).__name__}"
+        )
+    value = proto() if callable(proto) else proto
+    if not (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and value[0] == 0
+        and isinstance(value[1], int)
+        and not isinstance(value[1], bool)
+    ):
+        raise TypeError(
+            f"{where}: __cuda_stream__ of {type(stream).__name__} returned {value!r}, not "
+            "(0, handle)"
+        )
+    owner = getattr(stream, "driver", None)
+    if owner is not None and owner is not driver:
+        raise DeviceMismatchError(f"{where}: " + mismatch.format(owner=owner, driver=driver))
+    return value[1]

@@ -9,8 +9,6 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar, ru
 
 import numpy as np
 
-from .._errors import DeviceMismatchError
-
 if TYPE_CHECKING:
     from .._driver import Driver
 
@@ -22,7 +20,6 @@ __all__ = (
     "Workloads",
     "frame_word",
     "frame_words",
-    "stream_handle",
 )
 
 _D = TypeVar("_D")
@@ -54,40 +51,11 @@ class CudaStream(Protocol):
 StreamArg: TypeAlias = CudaStream | int
 
 
-def stream_handle(where: str, stream: object, driver: object) -> int:
-    """The handle of ``stream`` on ``driver``: an int, or an object with ``__cuda_stream__``
-    (the library's ``Stream`` is one: this layer, below the objects, knows it only by the
-    protocol). An object whose ``driver`` attribute names another driver is refused with
-    ``DeviceMismatchError``: its handle means another stream, or none, on this one (two
-    ``SimDriver`` objects number their streams alike). ``where`` names the call in the
-    messages."""
-    if isinstance(stream, int) and not isinstance(stream, bool):
-        return stream
-    proto = getattr(stream, "__cuda_stream__", None)
-    if proto is None:
-        raise TypeError(
-            f"{where} takes a stream: an aiocudasem.Stream, another object with "
-            f"__cuda_stream__, or a stream handle (an int), not {type(stream).__name__}"
-        )
-    value = proto() if callable(proto) else proto
-    if not (
-        isinstance(value, tuple)
-        and len(value) == 2
-        and value[0] == 0
-        and isinstance(value[1], int)
-        and not isinstance(value[1], bool)
-    ):
-        raise TypeError(
-            f"{where}: __cuda_stream__ of {type(stream).__name__} returned {value!r}, not "
-            "(0, handle)"
-        )
-    owner = getattr(stream, "driver", None)
-    if owner is not None and owner is not driver:
-        raise DeviceMismatchError(
-            f"{where}: the stream belongs to {owner!r}, but these workloads to {driver!r}: "
-            "use workloads(stream.driver)"
-        )
-    return value[1]
+#: How the workloads refuse a stream of another driver (see ``stream_handle()``).
+_MISMATCH = (
+    "the stream belongs to {owner!r}, but these workloads to {driver!r}: "
+    "use workloads(stream.driver)"
+)
 
 
 @runtime_checkable

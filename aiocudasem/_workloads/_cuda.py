@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from .._driver import Driver
+from .._driver._protocol import stream_handle
 from .._errors import CudaError
-from ._common import SEEN, StreamArg, WeakDriver, stream_handle
+from ._common import _MISMATCH, SEEN, StreamArg, WeakDriver
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -69,13 +70,13 @@ class CudaWorkloads(WeakDriver[CudaWorkloadDriver]):
         self._driver.mem_free_host(ptr)
 
     def launch_spin(self, stream: StreamArg, ns: int) -> None:
-        stream = stream_handle("launch_spin()", stream, self._driver)
+        stream = stream_handle("launch_spin()", stream, self._driver, _MISMATCH)
         self._launch(stream, "spin", 1, ctypes.c_uint64(ns))
 
     def launch_check_frame(
         self, stream: StreamArg, src: int, words: int, frame: int, out: int
     ) -> None:
-        stream = stream_handle("launch_check_frame()", stream, self._driver)
+        stream = stream_handle("launch_check_frame()", stream, self._driver, _MISMATCH)
         if not 0 < words < SEEN:
             raise ValueError(f"words must be in [1, {SEEN}), got {words}")
         self._launch(
@@ -89,7 +90,7 @@ class CudaWorkloads(WeakDriver[CudaWorkloadDriver]):
         )
 
     def launch_trap(self, stream: StreamArg) -> None:
-        stream = stream_handle("launch_trap()", stream, self._driver)
+        stream = stream_handle("launch_trap()", stream, self._driver, _MISMATCH)
         self._launch(stream, "trap", 1)
 
     # ------------------------------------------------------------------ loading

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from .._driver import Driver
-from ._common import SEEN, StreamArg, WeakDriver, frame_words, stream_handle
+from .._driver._protocol import stream_handle
+from ._common import _MISMATCH, SEEN, StreamArg, WeakDriver, frame_words
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -44,13 +45,13 @@ class SimWorkloads(WeakDriver[SimWorkloadDriver]):
         self._driver.mem_free_host(ptr)
 
     def launch_spin(self, stream: StreamArg, ns: int) -> None:
-        stream = stream_handle("launch_spin()", stream, self._driver)
+        stream = stream_handle("launch_spin()", stream, self._driver, _MISMATCH)
         self._driver.launch(stream, lambda: time.sleep(ns / 1e9))
 
     def launch_check_frame(
         self, stream: StreamArg, src: int, words: int, frame: int, out: int
     ) -> None:
-        stream = stream_handle("launch_check_frame()", stream, self._driver)
+        stream = stream_handle("launch_check_frame()", stream, self._driver, _MISMATCH)
         if not 0 < words < SEEN:
             raise ValueError(f"words must be in [1, {SEEN}), got {words}")
         expected = frame_words(frame, words)
@@ -63,7 +64,7 @@ class SimWorkloads(WeakDriver[SimWorkloadDriver]):
         self._driver.launch(stream, check)
 
     def launch_trap(self, stream: StreamArg) -> None:
-        stream = stream_handle("launch_trap()", stream, self._driver)
+        stream = stream_handle("launch_trap()", stream, self._driver, _MISMATCH)
 
         def trap() -> None:
             raise _Trap

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ctypes
 from typing import TYPE_CHECKING, Protocol
 
-from ..._errors import DeviceMismatchError
+from .._protocol import stream_handle
 from ._graphs import _Graphs
 from ._model import _Event, _Node, _Stream
 from ._status import (
@@ -54,33 +54,13 @@ class _Streams(_Graphs):
     def _launch_handle(self, stream: object) -> int:
         """``launch()``'s stream as a handle. The simulator sits below the library's objects
         and knows a ``Stream`` only by the CUDA stream protocol and its ``driver``."""
-        if isinstance(stream, int) and not isinstance(stream, bool):
-            return stream
-        proto = getattr(stream, "__cuda_stream__", None)
-        if proto is None:
-            raise TypeError(
-                "SimDriver.launch() takes a stream: an aiocudasem.Stream, another object with "
-                f"__cuda_stream__, or a stream handle (an int), not {type(stream).__name__}"
-            )
-        value = proto() if callable(proto) else proto
-        if not (
-            isinstance(value, tuple)
-            and len(value) == 2
-            and value[0] == 0
-            and isinstance(value[1], int)
-            and not isinstance(value[1], bool)
-        ):
-            raise TypeError(
-                f"SimDriver.launch(): __cuda_stream__ of {type(stream).__name__} returned "
-                f"{value!r}, not (0, handle)"
-            )
-        owner = getattr(stream, "driver", None)
-        if owner is not None and owner is not self:
-            raise DeviceMismatchError(
-                f"SimDriver.launch(): the stream belongs to {owner!r}, not to {self!r}: "
-                "launch on the stream's own driver, stream.driver"
-            )
-        return value[1]
+        return stream_handle(
+            "SimDriver.launch()",
+            stream,
+            self,
+            "the stream belongs to {owner!r}, not to {driver!r}: launch on the stream's own "
+            "driver, stream.driver",
+        )
 
     def _capture(self, s: _Stream, node: _Node) -> None:
         # Called with the lock held. Captured work on one stream is a chain: each node
