@@ -85,6 +85,8 @@ typedef struct {
     PyObject *newest; /* the newest point a wait_complete() parked on, or None */
     double recent;    /* a moving average of the wait times in seconds; < 0: none yet */
     int unspun;       /* waits that did not spin since the last that did */
+    double expect;    /* the predicted duration of a long wait, in seconds; < 0: none yet */
+    double jitter;    /* the mean error of that prediction, in seconds */
     char closed;      /* the stream is closed (Stream._claim()): the wait raises after its checkpoint */
 } HistoryObject;
 

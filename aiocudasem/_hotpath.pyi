@@ -43,6 +43,8 @@ class History:
     newest: Point | None
     recent: float
     unspun: int
+    expect: float
+    jitter: float
     closed: bool
     def __init__(self) -> None: ...
     def learn(self, took: float, /) -> None: ...

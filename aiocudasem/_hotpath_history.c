@@ -18,6 +18,8 @@ static PyObject *History_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     h->newest = Py_NewRef(Py_None);
     h->recent = -1.0;
     h->unspun = 0;
+    h->expect = -1.0;
+    h->jitter = 0.0;
     h->closed = 0;
     return (PyObject *)h;
 }
@@ -90,6 +92,11 @@ static PyMemberDef History_members[] = {
      "A moving average of the wait times in seconds; < 0: none yet."},
     {"unspun", T_INT, offsetof(HistoryObject, unspun), 0,
      "Waits that did not spin since the last that did."},
+    {"expect", T_DOUBLE, offsetof(HistoryObject, expect), 0,
+     "The predicted duration of the stream's long waits (those past the spin limit), in "
+     "seconds; < 0: none yet. The wake-ahead of parked waits (_notifier/_ahead.py) keeps it."},
+    {"jitter", T_DOUBLE, offsetof(HistoryObject, jitter), 0,
+     "The mean error of `expect`, in seconds (_notifier/_ahead.py keeps it)."},
     {"closed", T_BOOL, offsetof(HistoryObject, closed), 0,
      "True once the stream is closed or detached (Stream._claim() sets it): a wait past its "
      "first checkpoint then raises instead of querying the handle (wait_complete()). A plain field, "

@@ -25,6 +25,7 @@
 #include <unistd.h>
 #ifdef __linux__
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #endif
 
 #include "_acs.h"
@@ -398,6 +399,123 @@ static PyTypeObject NotifierType = {
 };
 
 
+/* ------------------------------------------------------------------ the alarm */
+
+/* A timer fd (Linux), which the event loop watches like any fd: set() makes it readable after a
+ * delay, to the microsecond, where a loop's own timers round up to the millisecond (epoll_wait
+ * takes milliseconds). The notifier wakes waits just ahead of their work's predicted end with it
+ * (_notifier/_ahead.py). Elsewhere Alarm() raises OSError (ENOSYS) and nothing wakes ahead. */
+
+typedef struct {
+    PyObject_HEAD
+    int fd; /* -1 once closed */
+} AlarmObject;
+
+static PyObject *Alarm_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    if (acs_no_args("Alarm", args, kwds) < 0) return NULL;
+#ifdef __linux__
+    int fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (fd < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    AlarmObject *self = (AlarmObject *)type->tp_alloc(type, 0);
+    if (!self) {
+        close(fd);
+        return NULL;
+    }
+    self->fd = fd;
+    return (PyObject *)self;
+#else
+    errno = ENOSYS;
+    return PyErr_SetFromErrno(PyExc_OSError);
+#endif
+}
+
+static void Alarm_dealloc(AlarmObject *self) {
+    if (self->fd >= 0) close(self->fd);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int alarm_open(AlarmObject *self) {
+    if (self->fd >= 0) return 0;
+    PyErr_SetString(PyExc_ValueError, "the alarm is closed");
+    return -1;
+}
+
+PyDoc_STRVAR(Alarm_set_doc, "set(delay): make the fd readable `delay` seconds from now (a delay "
+             "<= 0: at once), replacing any earlier setting; set(None) disarms it. Reading is "
+             "clear()'s.");
+static PyObject *Alarm_set(AlarmObject *self, PyObject *arg) {
+    if (alarm_open(self) < 0) return NULL;
+#ifdef __linux__
+    struct itimerspec its = {{0, 0}, {0, 0}};
+    if (arg != Py_None) {
+        double delay = PyFloat_AsDouble(arg);
+        if (delay == -1.0 && PyErr_Occurred()) return NULL;
+        if (delay != delay) {
+            PyErr_SetString(PyExc_ValueError, "the alarm's delay is NaN");
+            return NULL;
+        }
+        if (delay > 86400.0) delay = 86400.0;
+        long long ns = delay > 0 ? (long long)(delay * 1e9) : 0;
+        if (ns < 1) ns = 1; /* 0 would disarm it */
+        its.it_value.tv_sec = (time_t)(ns / 1000000000LL);
+        its.it_value.tv_nsec = (long)(ns % 1000000000LL);
+    }
+    if (timerfd_settime(self->fd, 0, &its, NULL) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+#endif
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(Alarm_clear_doc, "clear() -> bool: consume the expiry, if any, so that the fd is no "
+             "longer readable; whether it had expired. Non-blocking.");
+static PyObject *Alarm_clear(AlarmObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (alarm_open(self) < 0) return NULL;
+    uint64_t n = 0;
+    ssize_t r = read(self->fd, &n, sizeof n);
+    if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    return PyBool_FromLong(r == (ssize_t)sizeof n && n > 0);
+}
+
+static PyObject *Alarm_fileno(AlarmObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (alarm_open(self) < 0) return NULL;
+    return PyLong_FromLong(self->fd);
+}
+
+static PyObject *Alarm_close(AlarmObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->fd >= 0) {
+        close(self->fd);
+        self->fd = -1;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Alarm_get_closed(AlarmObject *self, void *Py_UNUSED(closure)) {
+    return PyBool_FromLong(self->fd < 0);
+}
+
+static PyMethodDef Alarm_methods[] = {
+    {"set", (PyCFunction)Alarm_set, METH_O, Alarm_set_doc},
+    {"clear", (PyCFunction)Alarm_clear, METH_NOARGS, Alarm_clear_doc},
+    {"fileno", (PyCFunction)Alarm_fileno, METH_NOARGS, "fileno() -> int: the timer fd."},
+    {"close", (PyCFunction)Alarm_close, METH_NOARGS, "close(): close the fd. Idempotent."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Alarm_getset[] = {
+    {"closed", (getter)Alarm_get_closed, NULL, "True after close().", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject AlarmType = {
+    ACS_TYPE_HEAD("_notify.Alarm", AlarmObject, 0),
+    .tp_doc = "A timer fd that an event loop watches: readable after the delay set (Linux).",
+    .tp_new = Alarm_new,
+    .tp_dealloc = (destructor)Alarm_dealloc,
+    .tp_methods = Alarm_methods,
+    .tp_getset = Alarm_getset,
+};
+
+
 /* ------------------------------------------------------------------ the asyncio checkpoint */
 
 /* What asyncio.sleep(0) does at its heart: one bare yield, which an asyncio task takes as "run
@@ -473,6 +591,7 @@ static PyMethodDef module_methods[] = {
 static int notify_init(PyObject *m) {
     const AcsTypeEntry types[] = {
         {"Notifier", &NotifierType},
+        {"Alarm", &AlarmType},
         {NULL, &YieldType.type}, /* only yield_once() makes one */
         {NULL, NULL},
     };

@@ -13,6 +13,7 @@ import anyio
 
 from .. import _hotpath
 from . import _tuning
+from ._ahead import Doze, learn_caught, learn_early, learn_late, learn_parked, plan
 from ._chains import busy_elsewhere
 from ._loops import loop_adapter, never, wake
 from ._parking import Parking
@@ -129,6 +130,7 @@ class Notifier(Parking):
         self.loop.forget()
         if self._fd_watcher is not None:
             self._fd_watcher.stop()  # before the fd closes
+        self._alarms.close()
         _live_notifiers.discard(self)
         for key in self._watched:
             _watchdog.remove(self, key)
@@ -183,12 +185,61 @@ class Notifier(Parking):
         try:
             self._arm(point)
             if not point.done:
-                await self._park(point)
+                await self._park_ahead(point)
         finally:
             self._leave(point)
         if point.error is not None:
             point._raise_if_failed()
         self._completed_here += 1
+
+    async def _park_ahead(self, point: Point) -> None:
+        """Park on ``point``, armed, a wait of ``Stream.wait_complete()``: with a steady
+        prediction of its stream's waits, wake just before the predicted end and spin over it
+        (see ``_ahead``), then park again if the work is still running. What happened teaches
+        the prediction."""
+        history, started = point.history, point.started
+        alarms = self._alarms
+        planned = plan(alarms, history, started)
+        if planned is None:
+            await self._park(point)
+            if point.done and point.error is None:
+                learn_parked(history, time.perf_counter() - started)
+            return
+        wake_at, spin_until, lead = planned
+        clock = time.perf_counter
+        doze = Doze(wake_at)
+        if wake_at > clock() and alarms.add(doze):
+            try:
+                await self._park(point, doze=doze)
+            finally:
+                alarms.discard(doze)
+            if point.done:  # its host function (or another waiter's query) came first
+                if point.error is None:
+                    learn_early(history, clock() - started, lead)
+                return
+        if self.may_spin():
+            checkpoint, query, counters = self.checkpoint, self._query, self.counters
+            counters.spinning += 1
+            first = True
+            try:
+                while True:
+                    if point.done or query(point):
+                        if point.error is None:
+                            took = clock() - started
+                            if first:
+                                learn_early(history, took, lead)
+                            else:
+                                learn_caught(history, took)
+                        return
+                    first = False
+                    now = clock()
+                    if now >= spin_until:
+                        learn_late(history, now - started)
+                        break
+                    await checkpoint()
+            finally:
+                counters.spinning -= 1
+        await self._park(point)
 
     def shared_point(self, history: History, started: float) -> Point | None:
         """The stream's newest parked point, if a wait that began at ``started`` (and found
@@ -270,10 +321,11 @@ class Notifier(Parking):
             # rather than when (or if) the host function fires.
             point._release_event()
 
-    async def _park(self, point: Point, joined: bool = False) -> None:
+    async def _park(self, point: Point, joined: bool = False, doze: Doze | None = None) -> None:
         """Sleep until ``point`` is done, as the loop's drainer whenever nobody else is.
         ``joined``: this coroutine is a waiter of ``point`` from here on (see :meth:`wait`):
-        it leaves the point at the end, and raises what the point failed with."""
+        it leaves the point at the end, and raises what the point failed with. ``doze``: the
+        wait's alarm (see :meth:`_park_ahead`), which ends the sleep early when it fires."""
         if joined:
             if not self._armed_here(point):
                 # Finished or disarmed since wait() looked (the coroutine was not awaited at
@@ -292,14 +344,16 @@ class Notifier(Parking):
             sleepers[sleeper] = next(self._park_order)
             self._asleep += 1
             self._candidate(sleeper, point)
+            if doze is not None:
+                doze.wake = sleeper
             try:
-                while not point.done:
+                while not point.done and (doze is None or not doze.due):
                     if self.closed:
                         raise anyio.ClosedResourceError(
                             "the event loop is shutting down: its notifier is closed"
                         )
                     if not self._draining:
-                        await self._drain(point)
+                        await self._drain(point, doze)
                     elif sleeper.done():
                         # Woken to take over the drainer role, which someone took first: sleep
                         # again.
@@ -307,6 +361,8 @@ class Notifier(Parking):
                         sleeper = self._new_sleeper()
                         sleepers[sleeper] = next(self._park_order)
                         self._candidate(sleeper, point)
+                        if doze is not None:
+                            doze.wake = sleeper
                     else:
                         await sleeper
                         if self._heir is sleeper:
@@ -314,6 +370,8 @@ class Notifier(Parking):
             finally:
                 # The coroutine leaves: settle its accounts, deliver what is queued and hand
                 # the drainer role on.
+                if doze is not None:
+                    doze.wake = None
                 self._asleep -= 1
                 if self._heir is sleeper:
                     self._heir = None

@@ -19,6 +19,7 @@ import anyio
 from .. import _log
 from .._errors import AiocudasemError, DeviceFaultError
 from .._hotpath import in_park_order
+from ._ahead import Alarms, Doze
 from ._chains import Chains
 from ._loops import wake
 from ._watchdog import _watchdog
@@ -67,6 +68,11 @@ class Parking(Chains):
         # The sleeper that _hand_off() woke to take over the drainer role, until its coroutine
         # runs: until then nobody else is woken for the role.
         self._heir: Sleeper | None = None
+        # The alarms of parked waits that wake ahead of their work's predicted end (_ahead),
+        # and the alarm of the drainer's wait, if it has one.
+        self._alarms = Alarms(adapter)
+        self._alarms.on_due = self._doze_due
+        self._drain_doze: Doze | None = None
         self._watched: dict[tuple[Driver, int], int] = {}  # devices of parked points -> count
         self._check = False  # set by the watchdog thread: a device parked on has faulted
         self._wakeups = 0  # times the loop woke from the fd: its drainer, or the fd watcher
@@ -119,13 +125,15 @@ class Parking(Chains):
                 # each resume costs up to twice as much (measured on a development machine).
                 self._wake_crowd(in_park_order(waking))
 
-    async def _drain(self, point: Point) -> None:
-        """Be the drainer until ``point`` is done: sleep on the fd, deliver completions."""
+    async def _drain(self, point: Point, doze: Doze | None = None) -> None:
+        """Be the drainer until ``point`` is done (or ``doze``, its wait's alarm, is due):
+        sleep on the fd, deliver completions."""
         self._draining = True
         self._drain_point = point
+        self._drain_doze = doze
         self._stop_fd_watch()  # the fd is the drainer's now
         try:
-            while not point.done and not self.closed:
+            while not point.done and not self.closed and (doze is None or not doze.due):
                 with anyio.CancelScope() as scope:
                     self._drain_scope = scope
                     if not self._check:
@@ -136,7 +144,17 @@ class Parking(Chains):
         finally:
             self._draining = False
             self._drain_point = None
+            self._drain_doze = None
             self._drain_scope = None
+
+    def _doze_due(self, doze: Doze) -> None:
+        """``doze``'s alarm fired: wake its coroutine, parked or draining, so that it spins."""
+        if doze is self._drain_doze and self._drain_scope is not None:
+            self._drain_scope.cancel()
+            return
+        sleeper = doze.wake
+        if sleeper is not None and not sleeper.done():
+            sleeper.set_result(None)
 
     def _collect(self) -> None:
         """Deliver queued completions, and run the fault check if the watchdog asked for it.

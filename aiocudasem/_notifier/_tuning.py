@@ -30,6 +30,11 @@ class Tuning:
     spin_limit: float = 250e-6
     #: At most this many coroutines per event loop spin at once; the rest park at once.
     max_spinners: int = 8
+    #: Whether a parked wait of steady work (a stream whose long waits take about the same
+    #: time) wakes just before the predicted end and spins over it, for at most ``spin_limit``,
+    #: rather than waiting for the parked wake-up. Needs a timer fd (Linux) and an asyncio or
+    #: trio loop; off with spinning (``spin_limit=0``).
+    wake_ahead: bool = True
     #: The fault watchdog's pace on a busy device, in seconds. Its thread sleeps in the driver
     #: behind parked work (a fault wakes it at once; a parked device costs nothing); when that
     #: work completes it moves behind other parked work at most once per period, or asks the
@@ -67,15 +72,16 @@ def configure(
     *,
     spin_limit: float | None = None,
     max_spinners: int | None = None,
+    wake_ahead: bool | None = None,
     watchdog: float | None = None,
     wake: str | None = None,
 ) -> Tuning:
     """Change the wait strategy for the whole process and return the new settings.
 
     Unset arguments keep their value. ``spin_limit`` is in [0, 60] seconds, ``max_spinners`` an
-    int in [0, 65536], ``watchdog`` in [0.001, 60] seconds and ``wake`` ``"side_stream"`` or
-    ``"work_stream"``. Raises ``TypeError`` for a value of the wrong type (a bool included) and
-    ``ValueError`` for one out of range.
+    int in [0, 65536], ``wake_ahead`` a bool, ``watchdog`` in [0.001, 60] seconds and ``wake``
+    ``"side_stream"`` or ``"work_stream"``. Raises ``TypeError`` for a value of the wrong type
+    (a bool included, but for ``wake_ahead``) and ``ValueError`` for one out of range.
     """
     global current
     new = current
@@ -87,6 +93,10 @@ def configure(
         if not 0 <= max_spinners <= _SPINNERS_MAX:
             raise ValueError(f"max_spinners must be in [0, {_SPINNERS_MAX}], got {max_spinners}")
         new = replace(new, max_spinners=max_spinners)
+    if wake_ahead is not None:
+        if not isinstance(wake_ahead, bool):
+            raise TypeError(f"wake_ahead must be a bool, not {type(wake_ahead).__name__}")
+        new = replace(new, wake_ahead=wake_ahead)
     if watchdog is not None:
         new = replace(new, watchdog=_seconds("watchdog", watchdog, *_WATCHDOG_RANGE))
     if wake is not None:
