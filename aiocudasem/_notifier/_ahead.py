@@ -20,7 +20,7 @@ it done, or its host function woke
 the wait before the alarm
 the spin runs out (``spin_until``)     it ends later than that: aim there
 a parked wait without an alarm         the duration plus the wake-up (an upper bound),
-                                       which the next alarm corrects
+                                       which the next alarm corrects; the error fades
 =====================================  ===============================================
 
 The alarm is a timer fd (``_notify.Alarm``), watched by the loop like the notifier's own fd:
@@ -49,11 +49,13 @@ __all__ = ("Alarms", "Doze", "learn_caught", "learn_early", "learn_late", "learn
 LATE_DEFAULT: Final = 50e-6
 #: The least lead, in seconds: the spin starts at least this long before the predicted end.
 LEAD_MIN: Final = 10e-6
-#: A prediction is steady enough to wake ahead on when its spin (about twice the lead) is at
-#: most this share of the wait.
+#: A prediction is steady enough to wake ahead on when the spin it expects is at most this
+#: share of the wait (and within the spin limit).
 SPIN_SHARE: Final = 0.5
 #: The weight of each new observation in the moving averages.
 WEIGHT: Final = 0.25
+#: What a parked wait without an alarm leaves of the prediction's error.
+JITTER_FADE: Final = 0.8
 
 
 class Doze:
@@ -215,12 +217,15 @@ def plan(alarms: Alarms, history: History, started: float) -> tuple[float, float
     tuning = _tuning.current
     if expect <= 0 or not tuning.wake_ahead or tuning.spin_limit <= 0 or not alarms.available:
         return None
-    lead = alarms.lead(history)
-    spin = min(2.0 * lead, tuning.spin_limit)
-    if spin > SPIN_SHARE * expect:
+    lead = alarms.lead(history)  # before the predicted end
+    margin = 2.0 * history.jitter + LEAD_MIN  # after it
+    # The spin expected once the alarm rings (it rings about `late` after it was set for):
+    # within the spin limit, and a small share of the wait.
+    spin = lead - alarms.late + margin
+    if spin > tuning.spin_limit or spin > SPIN_SHARE * expect:
         return None
     end = started + expect
-    return end - lead, end - lead + spin, lead
+    return end - lead, end + margin, lead
 
 
 def learn_caught(history: History, took: float) -> None:
@@ -242,8 +247,12 @@ def learn_late(history: History, bound: float) -> None:
 
 def learn_parked(history: History, took: float) -> None:
     """A parked wait without an alarm ended ``took`` seconds after it began, its wake-up
-    included: an upper bound, which the alarms that follow correct downwards."""
-    _learn(history, took)
+    included: an upper bound, which the alarms that follow correct downwards. Its error says
+    nothing of the work's (the wake-up's own varies), so the prediction's error is left to
+    fade instead: a stream found unsteady tries again after some parked waits."""
+    expect = history.expect
+    history.expect = took if expect <= 0 else expect + WEIGHT * (took - expect)
+    history.jitter *= JITTER_FADE
 
 
 def _learn(history: History, took: float) -> None:
