@@ -117,6 +117,11 @@ class Alarms:
         self._alarm, self._watcher = alarm, watcher
         return True
 
+    def fileno(self) -> int | None:
+        """The timer fd, once a wait has woken ahead on this loop; else None."""
+        alarm = self._alarm
+        return None if alarm is None or alarm.closed else alarm.fileno()
+
     def lead(self, history: History) -> float:
         """How long before the predicted end a wait of ``history``'s stream starts to spin."""
         return max(LEAD_MIN, self.late + 2.0 * self.late_dev + 2.0 * history.jitter)

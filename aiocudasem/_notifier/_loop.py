@@ -65,6 +65,12 @@ class Notifier(Parking):
     def fileno(self) -> int:
         return self._fd
 
+    def fds(self) -> set[int]:
+        """The fds this loop's notifier holds until the loop ends: its own, and the timer fd of
+        its alarms once a wait has woken ahead (see ``_ahead``)."""
+        alarm = self._alarms.fileno()
+        return {self._fd} if alarm is None else {self._fd, alarm}
+
     @property
     def bare_yield(self) -> bool:
         """The checkpoint is asyncio's bare yield, which ``Stream.wait_complete()`` yields from
