@@ -13,8 +13,12 @@ A *point* is an event recorded on a work stream. Awaiting it goes through up to 
    cancelled drainer therefore loses nobody's wake-up. When the last parked coroutine leaves
    with host functions still armed (abandoned waits'), a watcher of the fd collects them as
    they fire, so that their points are released whether or not the loop parks again.
+   A parked ``wait_complete()`` of steady work *wakes ahead* (``_ahead``): an alarm on a timer
+   fd wakes it just before its stream's predicted end, it spins over the end, and parks again
+   if the work runs on.
 
-A parked loop is woken by a completion or by a device fault, never by a timer. CUDA never calls
+Apart from those alarms, a parked loop is woken by a completion or by a device fault, never by
+a timer. CUDA never calls
 a host function after a context error, so a *watchdog thread* per device that coroutines are
 parked on sleeps in ``cuEventSynchronize`` behind their work, which returns at once if the
 context faults (see :class:`_Watchdog`). It then flags the loops parked on that device and kicks
@@ -28,9 +32,10 @@ uvloop and trio all run at shutdown), not by the garbage collector.
 The modules, each importing only those before it (import-linter's ``notifier`` contract in
 ``pyproject.toml``): ``_tuning`` (settings), ``_pools`` (events, side streams), ``_points``,
 ``_wake`` (wake strategies), ``_watchdog``, ``_loops`` (the event-loop seam: one adapter per
-kind of loop) and ``_chains`` (host functions and their chains), ``_parking`` (sleepers and the
-drainer), ``_loop`` (the :class:`Notifier`: waits, counters, lifetime), ``_current``
-(:func:`current_notifier`, private-stream waits) and ``_statistics``.
+kind of loop) and ``_chains`` (host functions and their chains), ``_ahead`` (the alarms and the
+prediction of waking ahead), ``_parking`` (sleepers and the drainer), ``_loop`` (the
+:class:`Notifier`: waits, counters, lifetime), ``_current`` (:func:`current_notifier`, private-
+stream waits) and ``_statistics``.
 """
 
 from __future__ import annotations
