@@ -4,23 +4,33 @@ interleaves its rounds, reports medians with their spread, and says what it is d
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from aiocudasem.cli import bench
 from aiocudasem.cli._common import CommandError
+
+HAVE_UVLOOP = importlib.util.find_spec("uvloop") is not None
+HAVE_TRIO = importlib.util.find_spec("trio") is not None
 
 
 def test_bench_repeats_interleaves_and_reports_spreads(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     only = "aiocudasem_parked,to_thread"
     args = ["--driver", "sim", "--quick", "--repeats", "2", "--only", only]
+    args += ["--sections", "main,signal"]
     proc = subprocess.run(
         [sys.executable, "-m", "aiocudasem", "bench", *args, "--out", str(out)],
         capture_output=True,
@@ -32,24 +42,42 @@ def test_bench_repeats_interleaves_and_reports_spreads(tmp_path: Path) -> None:
     # A progress line per approach per round, interleaved: round 2 starts one place later.
     steps = [line for line in proc.stdout.splitlines() if line.startswith("[")]
     names = {
-        loop: [s.split(": ", 1)[1].split(" (")[0] for s in steps if loop in s]
-        for loop in ("asyncio", "trio")
+        loop: [s.split(": ", 1)[1].split(" (")[0] for s in steps if f"] {loop} round" in s]
+        for loop in ("asyncio", "uvloop", "trio")
     }
+    # Rows 0 and 1 of a balanced Latin square of order 3.
     first = ["sync", "to_thread", "aiocudasem_parked"]
     assert names["asyncio"] == [*first, *first[1:], first[0]]
-    # --only applies to trio as well: of its approaches, sync and to_thread.
-    assert names["trio"] == ["sync", "to_thread", "to_thread", "sync"]
+    # --only applies to uvloop and trio as well: all three run there too.
+    assert names["trio"] == names["asyncio"]
     assert "asyncio: 3 approaches, 2 rounds interleaved" in proc.stdout
-    assert "trio: 2 approaches, 2 rounds interleaved" in proc.stdout
+    assert "trio: 3 approaches, 2 rounds interleaved" in proc.stdout
+    assert names["uvloop"] == (names["asyncio"] if HAVE_UVLOOP else [])
+    assert "sections: main, signal" in proc.stdout.splitlines()[0]
     data = json.loads((out / "results.json").read_text())
     assert data["meta"]["repeats"] == 2
     assert data["meta"]["simulated"] is True
+    assert data["meta"]["sections"] == ["main", "signal"]
     for name in ("sync", "to_thread", "aiocudasem_parked"):
-        assert len(data["results"][name]["runs"]) == 2
+        runs = data["results"][name]["runs"]
+        assert [r["round"] for r in runs] == [0, 1]
         wake = data["summary"][name]["wake_us"]
         assert wake["runs"] == 2
         assert wake["min"] <= wake["median"] <= wake["max"]
-    assert data["summary"]["trio"].keys() == {"sync", "to_thread"}
+        # The latency over sync, paired round by round.
+        over = data["summary"][name]["wake_over_sync_us"]
+        sync = data["results"]["sync"]["runs"]
+        expected = sorted(
+            statistics.median(r["latency_100us"]) - statistics.median(s["latency_100us"])
+            for r, s in zip(runs, sync, strict=True)
+        )
+        assert (over["min"], over["max"]) == pytest.approx((expected[0], expected[-1]))
+        assert data["summary"][name]["wake_p99_over_sync_us"]["runs"] == 2
+    # The library's crowd-free figures on the other loops too: parked CPU and the stall test.
+    for loop in ("trio", "uvloop") if HAVE_UVLOOP else ("trio",):
+        parked = data["summary"][loop]["aiocudasem_parked"]
+        assert parked["cpu_parked"]["runs"] == parked["stall_ms"]["runs"] == 2
+    assert data["summary"]["trio"].keys() == {"sync", "to_thread", "aiocudasem_parked"}
     trio = data["summary"]["trio"]["to_thread"]
     assert trio["wake_us"]["runs"] == 2
     assert trio["awaits_per_s_1"]["runs"] == trio["awaits_per_s_8"]["runs"] == 2
@@ -65,15 +93,16 @@ def test_bench_repeats_interleaves_and_reports_spreads(tmp_path: Path) -> None:
     assert summary[0].split()[:2] == ["loop", "approach"]
     assert summary[1].split()[:2] == ["asyncio", "aiocudasem_parked"]  # no aiocudasem: the first
     assert summary[2].split()[:2] == ["blocking", "sync"]
-    assert summary[3].split()[:2] == ["trio", "to_thread"]
+    loops = ["asyncio", "uvloop", "trio"] if HAVE_UVLOOP else ["asyncio", "trio"]
+    assert [line.split()[0] for line in summary[1:-2:2]] == loops
     assert summary[-2].startswith("  host signal to stream resume: host_timeline ")
     assert summary[-1] == (
         f"the full page, every approach and figure: {out / 'performance.md'}; every run: "
         f"{out / 'results.json'}"
     )
-    assert len(summary) == 7
+    assert len(summary) == 3 + 2 * len(loops)
     assert "[" in page.split("| approach |", 1)[1]  # spreads, as [min-max]
-    trio_page = page.split("## trio: wake latency (100 us kernel) and throughput", 1)[1]
+    trio_page = page.split("## trio: wake latency (100 us kernel), throughput, CPU", 1)[1]
     assert "| trio.to_thread.run_sync(synchronize) |" in trio_page
     assert "poll + trio.sleep(0)" not in trio_page
     if (out / "latency.png").exists():
@@ -103,6 +132,7 @@ def test_bench_repeats_interleaves_and_reports_spreads(tmp_path: Path) -> None:
 def test_bench_pairs_throughput_rounds_and_gives_ratios_to_polling(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     args = ["--driver", "sim", "--quick", "--repeats", "1", "--only", "poll0,aiocudasem"]
+    args += ["--sections", "main", "--loops", "asyncio,trio"]
     proc = subprocess.run(
         [sys.executable, "-m", "aiocudasem", "bench", *args, "--out", str(out)],
         capture_output=True,
@@ -212,23 +242,16 @@ def test_bench_reports_a_failed_write_of_the_results_in_one_line(
     async def measure(*args: object) -> None:
         pass
 
-    def write(
-        out: Path,
-        results: object,
-        meta: object,
-        signal: object = None,
-        paired: object = None,
-        page: object = None,
-    ) -> None:
+    def write(out: Path, *args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "results.json"))
 
-    monkeypatch.setattr(bench, "run_asyncio", measure)
-    monkeypatch.setattr(bench, "run_trio", measure)
+    monkeypatch.setattr(bench, "run_main", measure)
     monkeypatch.setattr(bench, "run_signal", lambda *args: {})
     monkeypatch.setattr(bench, "write", write)
     out = tmp_path / "out"
+    args = ["--driver", "sim", "--quick", "--only", "sync", "--sections", "main,signal"]
     with pytest.raises(CommandError) as info:
-        bench.main(["--driver", "sim", "--quick", "--only", "sync", "--out", str(out)])
+        bench.main([*args, "--out", str(out)])
     assert str(info.value) == (
         f"--out {out}: cannot write the results there: No space left on device: "
         f"{out / 'results.json'}"
@@ -242,18 +265,18 @@ def test_bench_without_trio_measures_asyncio_and_says_why_trio_is_missing(
     """trio is not a dependency of the package: without it the benchmark still writes its
     results, and the page and a warning say why there are no trio figures."""
 
-    async def measure(*args: object) -> None:
-        pass
+    ran = []
 
-    async def no_trio(*args: object) -> None:
-        raise AssertionError("trio is not installed: nothing may run on it")
+    async def measure(b: object, loop: str, *args: object) -> None:
+        ran.append(loop)
 
     missing = "the trio event loop needs trio, which is not installed: pip install trio"
-    monkeypatch.setattr(bench, "run_asyncio", measure)
-    monkeypatch.setattr(bench, "run_trio", no_trio)
+    monkeypatch.setattr(bench, "run_main", measure)
     monkeypatch.setattr(bench, "missing_loop", lambda loop: missing if loop == "trio" else None)
     out = tmp_path / "out"
-    assert bench.main(["--driver", "sim", "--quick", "--only", "sync", "--out", str(out)]) == 0
+    args = ["--driver", "sim", "--quick", "--only", "sync", "--sections", "main", "--out", str(out)]
+    assert bench.main(args) == 0
+    assert ran == ["asyncio", "uvloop"]  # nothing on trio
     captured = capsys.readouterr()
     assert f"aiocudasem bench: warning: no trio figures: {missing}" in captured.err
     assert "trio:" not in captured.out
@@ -431,3 +454,217 @@ def test_bench_refuses_an_unwritable_page_before_measuring(tmp_path: Path) -> No
         f"{tmp_path / 'a-file'} is a file, not a folder\n"
     )
     assert proc.stdout == ""
+
+
+# ---------------------------------------------------------------- the order, pairing, revision
+
+
+@given(st.integers(min_value=1, max_value=24), st.integers(min_value=0, max_value=1000))
+def test_the_rounds_order_is_a_balanced_latin_square(n: int, start: int) -> None:
+    """Over a square's rows (n of them, from any multiple of n) every item takes every place
+    once; over the full period (n rows for an even n, 2 n for an odd one) every item follows
+    every other equally often; fewer rounds than items still take different rows."""
+    from aiocudasem.cli.bench._common import balanced, latin_row
+
+    period = n if n % 2 == 0 else 2 * n
+    base = start - start % n
+    rows = [latin_row(n, base + r) for r in range(n)]
+    assert all(sorted(row) == list(range(n)) for row in rows)
+    for place in range(n):
+        assert sorted(row[place] for row in rows) == list(range(n))
+    assert len({tuple(row) for row in rows}) == n  # each round a different row
+    base = start - start % period
+    full = [latin_row(n, base + r) for r in range(period)]
+    follows = Counter((row[i], row[i + 1]) for row in full for i in range(n - 1))
+    assert len(follows) == n * (n - 1)
+    assert set(follows.values()) <= {period // n}
+    items = [f"approach {i}" for i in range(n)]
+    assert balanced(items, start) == [items[i] for i in latin_row(n, start)]
+
+
+def test_latency_over_sync_is_the_median_of_paired_per_round_differences() -> None:
+    from aiocudasem.cli.bench._common import differences, paired_differences
+    from aiocudasem.cli.bench._report import paired_latency
+
+    assert paired_differences([3.0, 5.0, 4.0], [1.0, 2.0, 4.5]) == [2.0, 3.0, -0.5]
+    with pytest.raises(ValueError, match="not paired"):
+        paired_differences([1.0], [1.0, 2.0])
+    d = differences([float(x) for x in range(101)], [1.0] * 101)
+    assert d == {"median": 49.0, "p99": 98.0, "n": 101}
+    assert differences([], []) == {"n": 0}
+
+    def run(r: int, lat: list[float]) -> dict[str, Any]:
+        return {"round": r, "latency_100us": lat, "latency_empty": [1.0]}
+
+    # Rounds are paired by number, not by place; a round sync lacks is left out.
+    mine = {"runs": [run(1, [30.0, 32.0, 34.0]), run(0, [20.0, 22.0, 90.0]), run(2, [5.0])]}
+    sync = {"runs": [run(0, [10.0, 10.0, 10.0]), run(1, [11.0, 12.0, 13.0])]}
+    f = paired_latency(mine, sync)
+    assert f["wake_over_sync_us"] == {"median": 16.0, "min": 12.0, "max": 20.0, "runs": 2}
+    assert f["wake_p99_over_sync_us"] == {"median": 50.5, "min": 21.0, "max": 80.0, "runs": 2}
+    assert f["empty_over_sync_us"]["median"] == 0.0
+    # A difference of paired rounds, not of the overall medians (12.5 here).
+    mine = {"runs": [run(0, [100.0]), run(1, [15.0]), run(2, [10.0])]}
+    sync = {"runs": [run(0, [99.0]), run(1, [2.5]), run(2, [1.0])]}
+    assert paired_latency(mine, sync)["wake_over_sync_us"]["median"] == 9.0
+
+
+def test_the_revision_comes_from_git_else_from_a_revision_file(tmp_path: Path) -> None:
+    import aiocudasem
+    from aiocudasem.cli.bench._report import _revision, commit
+
+    installed = f"aiocudasem {aiocudasem.__version__} (installed, not a checkout)"
+    assert _revision(tmp_path) == installed  # neither git nor REVISION
+    (tmp_path / "REVISION").write_text("0123abcd\n")
+    assert _revision(tmp_path) == "revision 0123abcd (from REVISION)"
+    (tmp_path / "REVISION").write_text("not a hash\n")
+    assert _revision(tmp_path) == installed
+    assert ", source digest " in commit()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--sections", "main,curv"], "--sections: unknown section(s) curv; choose from main, "),
+        (["--sections", " , "], "--sections: name at least one section, of main, curve, "),
+        (["--loops", "asyncio,tornado"], "--loops: unknown event loop(s) tornado; choose from "),
+    ],
+)
+def test_bench_refuses_unknown_sections_and_loops(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        bench.main(["--driver", "sim", "--quick", "--out", str(tmp_path / "out"), *args])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # refused before anything was measured
+
+
+def test_the_curve_and_service_sections_cover_every_approach_and_loop(tmp_path: Path) -> None:
+    from aiocudasem.cli._common import missing_loop
+    from aiocudasem.cli.bench._common import LOOPS, loop_backend
+    from aiocudasem.cli.bench._curve import APPROACHES, LENGTHS_NS
+    from aiocudasem.cli.bench._service import APPROACHES as SERVICE
+    from aiocudasem.cli.bench._service import CONCURRENCY, FIGURES
+
+    loops = [loop for loop in LOOPS if missing_loop(loop_backend(loop)) is None]
+    out = tmp_path / "bench"
+    args = ["--driver", "sim", "--quick", "--sections", "service,curve", "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "aiocudasem", "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "sections: curve, service" in proc.stdout  # in the order they run
+    steps = [line for line in proc.stdout.splitlines() if line.startswith("[")]
+    curve_steps = [s for s in steps if "] curve " in s]
+    assert len(curve_steps) == len(LENGTHS_NS) * len(loops)
+    assert curve_steps[0].split("] ", 1)[1].startswith(f"curve {loops[0]}: 10 us kernel (")
+    assert curve_steps[-1].split("] ", 1)[1].startswith(f"curve {loops[-1]}: 10 ms kernel (")
+    assert "s left)" in curve_steps[-1]  # an estimate of what is left
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["sections"] == ["curve", "service"]
+    assert data["meta"]["loops"] == loops
+    assert data["results"] == {} and "signal" not in data
+    curve = data["curve"]
+    assert curve["lengths_us"] == [ns / 1000 for ns in LENGTHS_NS]
+    assert list(curve["loops"]) == loops
+    for loop, by_length in curve["loops"].items():
+        assert set(by_length["labels"]) == set(APPROACHES)
+        assert [k for k in by_length if k != "labels"] == [f"{ns / 1000:g}" for ns in LENGTHS_NS]
+        for length in (k for k in by_length if k != "labels"):
+            figs = by_length[length]
+            assert set(figs) == set(APPROACHES), (loop, length)
+            for name, f in figs.items():
+                assert f["rounds"] >= 2
+                assert f["median_us"] > 0 and f["p99_us"] >= f["median_us"]
+                assert f["cpu_pct"] is not None and f["cpu_pct"] >= 0
+                if name == "sync":
+                    assert "over_sync_median_us" not in f
+                else:
+                    assert math.isfinite(f["over_sync_median_us"])
+                    assert math.isfinite(f["over_sync_p99_us"])
+    service = data["service"]
+    assert service["other_work_turns"] >= 1
+    assert list(service["loops"]) == loops
+    for loop, by_n in service["loops"].items():
+        assert list(by_n) == [str(n) for n in CONCURRENCY]
+        for n, by_ap in by_n.items():
+            assert set(by_ap) == set(SERVICE)
+            for entry in by_ap.values():
+                (run,) = entry["runs"]
+                assert run["round"] == 0
+                assert run["requests_per_s"] >= 0 and run["completed"] >= 0
+                assert run["cpu_pct"] > 0 and run["other_work_per_s"] >= 0
+                assert run["window_s"] > 0
+                # The simulated device may complete none in a smoke run's window.
+                assert (run["p50_ms"] is None) == (run["completed"] == 0)
+            summary = data["summary"]["service"][loop][n]
+            assert set(summary) == set(SERVICE)
+            assert all(set(f) <= set(FIGURES) for f in summary.values())
+    page = (out / "performance.md").read_text()
+    curve_page = page.split("## Wake latency and CPU against the kernel's length", 1)[1]
+    for loop in loops:
+        table = curve_page.split(f"### {loop}\n", 1)[1].split("\n#", 1)[0]
+        rows = [line for line in table.splitlines() if line.startswith("| ") and "us;" in line]
+        assert [r.split(" | ")[0] for r in rows] == [
+            "| 10 us",
+            "| 30 us",
+            "| 100 us",
+            "| 300 us",
+            "| 1 ms",
+            "| 3 ms",
+            "| 10 ms",
+        ]
+        assert all(r.count(" | ") == 5 for r in rows)
+    service_page = page.split("## A busy service", 1)[1]
+    rows = [
+        line
+        for line in service_page.splitlines()
+        if line.startswith(tuple(f"| {x} " for x in loops))
+    ]
+    assert len(rows) == len(loops) * len(CONCURRENCY) * len(SERVICE)
+    assert "latency.png" not in page  # the main section did not run: no plot of it
+    if (out / "curve.png").exists():
+        assert "![wake latency and CPU against the kernel's length](curve.png)" in page
+    else:
+        assert "(No curve plot: " in page
+        assert "aiocudasem bench: warning: wrote no curve.png" in proc.stderr
+
+
+def test_the_event_thread_waits_on_a_blocking_sync_event_on_every_loop() -> None:
+    """The curve's floor without spinning: its event has the blocking-sync flag, it wakes
+    asyncio, uvloop and trio, and closing it ends its thread and destroys its events."""
+    from aiocudasem.cli._common import missing_loop, open_driver
+    from aiocudasem.cli.bench._approaches import EventThread
+    from aiocudasem.cli.bench._common import LOOPS, loop_backend, run_on
+    from aiocudasem.cli.bench._measure import Bench
+
+    drv = open_driver("sim")
+    b = Bench(drv, True)
+    created: list[bool] = []
+    create = drv.event_create
+
+    def event_create(ordinal: int, timing: bool = False, blocking: bool = False) -> int:
+        created.append(blocking)
+        return create(ordinal, timing, blocking)
+
+    drv.event_create = event_create  # type: ignore[method-assign]
+    for loop in (lp for lp in LOOPS if missing_loop(loop_backend(lp)) is None):
+        ap = EventThread(drv)
+
+        async def go(ap: EventThread = ap) -> bool:
+            h = b.streams[0]
+            b.launch(h, 2_000_000)
+            await ap.wait(h)
+            return bool(drv.stream_query(h))
+
+        assert run_on(loop, go) is True, loop
+        thread = ap.thread
+        assert thread is not None and thread.is_alive()
+        ap.close()
+        assert not thread.is_alive() and ap.events == {}
+    assert created and all(created)

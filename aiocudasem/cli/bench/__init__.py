@@ -20,8 +20,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import anyio
-
 import aiocudasem as acs
 
 from .._common import (
@@ -33,40 +31,69 @@ from .._common import (
     missing_loop,
     open_driver,
 )
-from ._approaches import ALL
-from ._common import paired_ratios, say
-from ._measure import TRIO_APPROACHES, Bench, run_asyncio, run_trio
+from ._approaches import ALL, LOOP_APPROACHES, for_loop
+from ._common import LOOPS, loop_backend, paired_ratios, run_on, say
+from ._curve import LENGTHS_NS, expected_s, run_curve
+from ._measure import Bench, Progress, run_main
 from ._report import (
+    LOOP_KEYS,
     commit,
     gpu_info,
     markdown,
     plot,
+    plot_curve,
     rounds_text,
-    summarize,
+    summaries,
     summary_lines,
     versions,
 )
+from ._service import APPROACHES as SERVICE_APPROACHES
+from ._service import CONCURRENCY, calibrate, run_service, summarize_service
 from ._signal import run_signal, summarize_signal
+
+#: The sections, in the order they run.
+SECTIONS = ("main", "curve", "service", "signal")
 
 _DESCRIPTION = """\
 Side-by-side benchmarks: how fast does async Python learn that GPU work is
-done?
+done, and what does the waiting cost?
 
 Every approach waits on the same raw CUDA streams, with the same %globaltimer
 spin kernel, in one process and one run; peer libraries (CuPy, PyTorch,
-numba-cuda) wrap those streams, so they wait on exactly the same work. A last
-section times a host signal to the resume of a stream blocked on it, for a host
-timeline and a Vulkan timeline semaphore. A full run takes minutes: a progress
-line per approach per round says how far it is. On the simulated device every
-figure is labelled as simulated.
+numba-cuda) wrap those streams, so they wait on exactly the same work. Four
+sections, each on asyncio, asyncio on uvloop and trio where installed:
+
+  main     wake latency (100 us kernel), throughput, CPU while 1,000
+           coroutines are parked, GPU time per await on a busy loop, crowds
+           of 10,000 awaiters; every approach on asyncio, the floors, polling,
+           to_thread, the bare C host function and the library on uvloop and
+           trio
+  curve    wake latency and CPU against the kernel's length, 10 us to 10 ms:
+           the library spinning and parked, busy polling, and a thread blocked
+           on a blocking-sync event (the floor for any wait that does not
+           spin), each against blocking sync in the same round
+  service  64 and 1,000 concurrent requests, each awaiting a kernel of
+           0.1-2 ms on a pool of 16 streams, while the loop runs other
+           Python work: requests/s, p50 and p99 latency, CPU, and how much
+           of the other work got done
+  signal   host signal to the resume of a stream blocked on it, for a host
+           timeline and a Vulkan timeline semaphore
+
+Every measurement runs in interleaved rounds, ordered by a balanced Latin
+square (each approach in each position equally often); latency is given as
+the paired difference to blocking sync in the same round, and a full garbage
+collection precedes every timed window (the collector is off during the short
+ones). A full run takes a quarter of an hour on a GPU; --sections and --loops
+run a part of it, and a progress line per step says how far it is. On the
+simulated device every figure is labelled as simulated.
 
 Writes results.json, the page of tables (performance.md) and, with matplotlib
-installed (pip install 'aiocudasem[bench]'), latency.png to --out; without
-matplotlib the page says that there is no plot, and a warning on standard error
-says why. Prints a progress line per step and, at the end, a short summary (per
-event loop, the library's wake latency and throughput beside blocking sync and
-busy polling) and where the page went; --page - prints the page instead of
-writing it."""
+installed (pip install 'aiocudasem[bench]'), latency.png and curve.png to
+--out; without matplotlib the page says that there is no plot, and a warning
+on standard error says why. Prints a progress line per step and, at the end, a
+short summary (per event loop, the library's wake latency and throughput
+beside blocking sync and busy polling) and where the page went; --page -
+prints the page instead of writing it."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -114,10 +141,25 @@ def _parser() -> argparse.ArgumentParser:
         "--only",
         default="",
         metavar="NAMES",
-        help="comma-separated approaches to run on asyncio and, those that trio has ("
-        + ", ".join(TRIO_APPROACHES)
-        + "), on trio (default: all); sync, the floor, always runs. Names: "
+        help="comma-separated approaches of the main section to run on asyncio and, those "
+        "that run there too ("
+        + ", ".join(LOOP_APPROACHES)
+        + "), on uvloop and trio (default: all); sync, the floor, always runs. Names: "
         + ", ".join(cls.name for cls in ALL),
+    )
+    p.add_argument(
+        "--sections",
+        default=None,
+        metavar="NAMES",
+        help="comma-separated sections to run, of " + ", ".join(SECTIONS) + " (default: all)",
+    )
+    p.add_argument(
+        "--loops",
+        default=None,
+        metavar="NAMES",
+        help="comma-separated event loops to run the main, curve and service sections on, of "
+        + ", ".join(LOOPS)
+        + " (default: all; uvloop and trio where installed, with a warning where not)",
     )
     p.add_argument(
         "--devices",
@@ -141,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     repeats = ns.repeats if ns.repeats is not None else (1 if ns.quick else 5)
     if not 1 <= repeats <= 100:
         p.error("--repeats must be in [1, 100]")
+    sections = _names(p, "--sections", ns.sections, SECTIONS, "section")
+    loops = _names(p, "--loops", ns.loops, LOOPS, "event loop")
     drv = open_driver(ns.driver)
     if not 1 <= ns.devices <= drv.device_count():
         p.error(f"--devices must be in [1, {drv.device_count()}] on this machine")
@@ -150,41 +194,54 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(page, Path):
         _check_out(page.parent, page)
     sim = drv.simulated
+    quick = ns.quick or sim
+    meta = _meta(drv, ns.devices, repeats)
+    meta["sections"] = list(sections)
     say(
-        f"benchmarks on {'the SIMULATED device' if sim else drv.device_name(0)} (driver {drv.name})"
+        f"benchmarks on {'the SIMULATED device' if sim else drv.device_name(0)} "
+        f"(driver {drv.name}), {meta['commit']}; sections: {', '.join(sections)}"
     )
-    b = Bench(drv, ns.quick or sim, ns.devices)
+    runnable = []
+    for loop in loops:
+        missing = missing_loop(loop_backend(loop))
+        if missing is None:
+            runnable.append(loop)
+        else:
+            meta[f"{loop}_not_measured"] = missing
+            print(
+                f"aiocudasem bench: warning: no {loop} figures: {missing}",
+                file=sys.stderr,
+                flush=True,
+            )
+    meta["loops"] = runnable
+    b = Bench(drv, quick, ns.devices)
     if only:
         only.add("sync")  # the floor every figure is compared with
-    aps = [cls(drv) for cls in ALL if not only or cls.name in only]
-    trio_names = [n for n in TRIO_APPROACHES if not only or n in only]
-
-    async def go_asyncio() -> None:
-        await run_asyncio(b, aps, repeats)
-
-    say(f"asyncio: {_approaches(len(aps))}, {rounds_text(repeats)} interleaved")
-    anyio.run(go_asyncio, backend="asyncio")
-    gc.collect()
-    meta = _meta(drv, ns.devices, repeats)
-    missing = missing_loop("trio")
-    if missing is None:
-        say(f"trio: {_approaches(len(trio_names))}, {rounds_text(repeats)} interleaved")
-        anyio.run(run_trio, b, repeats, trio_names, backend="trio")
-    else:
-        meta["trio_not_measured"] = missing
-        print(f"aiocudasem bench: warning: no trio figures: {missing}", file=sys.stderr, flush=True)
-    say(f"host signal to stream resume: 2 producers, {rounds_text(repeats)} interleaved")
+    curve: dict[str, Any] | None = None
+    service: dict[str, Any] | None = None
+    signal: dict[str, Any] | None = None
+    if "main" in sections:
+        for loop in runnable:
+            aps = [cls(drv) for cls in for_loop(loop, only or None)]
+            say(f"{loop}: {_approaches(len(aps))}, {rounds_text(repeats)} interleaved")
+            run_on(loop, run_main, b, loop, aps, repeats)
+            gc.collect()
+    if "curve" in sections and runnable:
+        curve = _curve_section(b, runnable, quick)
+    if "service" in sections and runnable:
+        service = _service_section(b, runnable, quick, repeats)
+    if "signal" in sections:
+        say(f"host signal to stream resume: 2 producers, {rounds_text(repeats)} interleaved")
+        try:
+            signal = run_signal(drv, quick, repeats)
+        except Exception as exc:  # the figures measured so far still count
+            print(
+                f"aiocudasem bench: warning: the host signal section failed: {exc!r}",
+                file=sys.stderr,
+                flush=True,
+            )
     try:
-        signal = run_signal(drv, ns.quick or sim, repeats)
-    except Exception as exc:  # the figures measured so far still count
-        print(
-            f"aiocudasem bench: warning: the host signal section failed: {exc!r}",
-            file=sys.stderr,
-            flush=True,
-        )
-        signal = None
-    try:
-        write(ns.out, b.results, meta, signal, b.paired, page=page)
+        write(ns.out, b.results, meta, signal, b.paired, page=page, curve=curve, service=service)
     except BrokenPipeError:
         raise  # standard output, closed: the command line stops quietly
     except OSError as exc:
@@ -192,6 +249,64 @@ def main(argv: list[str] | None = None) -> int:
             raise CommandError(_out_message(page.parent, exc, page)) from exc
         raise CommandError(_out_message(ns.out, exc)) from exc
     return 0
+
+
+def _names(
+    p: argparse.ArgumentParser, option: str, value: str | None, choices: tuple[str, ...], what: str
+) -> tuple[str, ...]:
+    """The names of a comma-separated option, in ``choices``' order; all of them if not
+    given. Exits through ``p.error`` on an unknown name or an empty list."""
+    if value is None:
+        return choices
+    names = {x.strip() for x in value.split(",") if x.strip()}
+    unknown = sorted(names - set(choices))
+    if unknown:
+        p.error(
+            f"{option}: unknown {what}(s) {', '.join(unknown)}; choose from {', '.join(choices)}"
+        )
+    if not names:
+        p.error(f"{option}: name at least one {what}, of {', '.join(choices)}")
+    return tuple(c for c in choices if c in names)
+
+
+def _curve_section(b: Bench, loops: list[str], quick: bool) -> dict[str, Any]:
+    """The curve section on every loop of ``loops``."""
+    lengths = LENGTHS_NS
+    cost = sum(expected_s(ns, quick) for ns in lengths) * len(loops)
+    say(
+        f"curve: {len(lengths)} kernel lengths, 10 us to 10 ms, on {', '.join(loops)}; "
+        f"about {cost:.0f} s of rounds"
+    )
+    progress = Progress(len(lengths) * len(loops), cost)
+    out: dict[str, Any] = {"lengths_us": [ns / 1000 for ns in lengths], "loops": {}}
+    for loop in loops:
+        out["loops"][loop] = run_on(
+            loop, run_curve, b.drv, b.streams[8:16], b.launch, loop, quick, progress
+        )
+        gc.collect()
+    return out
+
+
+def _service_section(b: Bench, loops: list[str], quick: bool, repeats: int) -> dict[str, Any]:
+    """The service section on every loop of ``loops``."""
+    from ._service import QUICK_WARMUP_S, QUICK_WINDOW_S, WARMUP_S, WINDOW_S
+
+    turns = calibrate()
+    per_cell = (QUICK_WINDOW_S + QUICK_WARMUP_S) if quick else (WINDOW_S + WARMUP_S)
+    steps = len(loops) * len(CONCURRENCY) * repeats * len(SERVICE_APPROACHES)
+    say(
+        f"service: {' and '.join(map(str, CONCURRENCY))} concurrent requests, "
+        f"{len(SERVICE_APPROACHES)} approaches, {rounds_text(repeats)} interleaved, on "
+        f"{', '.join(loops)}; about {steps * per_cell:.0f} s"
+    )
+    progress = Progress(steps, steps * per_cell)
+    out: dict[str, Any] = {"other_work_turns": turns, "loops": {}}
+    for loop in loops:
+        out["loops"][loop] = run_on(
+            loop, run_service, b.drv, b.streams, b.launch, loop, quick, repeats, progress, turns
+        )
+        gc.collect()
+    return out
 
 
 def _approaches(n: int) -> str:
@@ -245,16 +360,21 @@ def write(
     signal: dict[str, Any] | None = None,
     paired: dict[str, Any] | None = None,
     page: Path | str | None = None,
+    curve: dict[str, Any] | None = None,
+    service: dict[str, Any] | None = None,
 ) -> None:
     """results.json (every run and the summary), the page (to ``page``: by default
-    performance.md in ``out``; ``"-"``, standard output) and, if it can, latency.png; then
-    the short summary (``_report.summary``) and where the page went. Without a plot, the page
-    says so instead of linking one, a warning on standard error says why, and a latency.png
-    left in ``out`` by an earlier run is removed (the page would otherwise sit beside a plot of
-    other figures)."""
+    performance.md in ``out``; ``"-"``, standard output) and, if it can, latency.png (with
+    the main section's results) and curve.png (with the curve's); then the short summary
+    (``_report.summary``) and where the page went. Without a plot, the page says so instead of
+    linking one, a warning on standard error says why, and a plot of that name left in ``out``
+    by an earlier run is removed (the page would otherwise sit beside a plot of other
+    figures)."""
     out.mkdir(parents=True, exist_ok=True)
-    summary: dict[str, Any] = {n: summarize(e) for n, e in results.items() if n != "trio"}
-    summary["trio"] = {n: summarize(e) for n, e in results.get("trio", {}).items()}
+    summary: dict[str, Any] = summaries(results)
+    for loop in LOOP_KEYS:
+        if loop in results or loop == "trio":
+            summary[loop] = summaries(results.get(loop, {}))
     document: dict[str, Any] = {"meta": meta, "summary": summary, "results": results}
     if signal is not None:
         summary["signal"] = {n: summarize_signal(e) for n, e in signal.items()}
@@ -272,35 +392,80 @@ def write(
             }
             for loop, by_n in paired.items()
         }
+    if curve is not None:
+        document["curve"] = curve
+    if service is not None:
+        document["service"] = service
+        summary["service"] = {
+            loop: {
+                n: {name: summarize_service(e) for name, e in by_ap.items()}
+                for n, by_ap in by_n.items()
+            }
+            for loop, by_n in service.get("loops", {}).items()
+        }
     (out / "results.json").write_text(json.dumps(document))
-    png = out / "latency.png"
-    no_plot = plot(results, png, meta["simulated"])
-    to = out / "performance.md" if page is None else page
     written = [str(out / "results.json")]
+    plots = []  # (file, why there is none or None)
+    png = out / "latency.png"
+    no_plot = None
+    if any(n not in LOOP_KEYS for n in results) or any(results.get(k) for k in LOOP_KEYS):
+        no_plot = plot(results, png, meta["simulated"])
+        plots.append((png, no_plot))
+    curve_png = out / "curve.png"
+    no_curve_plot = None
+    if curve is not None and curve.get("loops"):
+        no_curve_plot = plot_curve(curve, curve_png, meta["simulated"])
+        plots.append((curve_png, no_curve_plot))
+    to = out / "performance.md" if page is None else page
+
+    def page_text(base: Path | None) -> str:
+        # The plots' links, relative to wherever the page is.
+        def link(p: Path) -> str:
+            if base is None:
+                return str(p)
+            return Path(os.path.relpath(p.resolve(), base)).as_posix()
+
+        return markdown(
+            results,
+            meta,
+            no_plot,
+            signal,
+            paired,
+            link(png),
+            curve=curve,
+            service=service,
+            no_curve_plot=no_curve_plot,
+            curve_link=link(curve_png),
+        )
+
     if isinstance(to, Path):
         to.parent.mkdir(parents=True, exist_ok=True)
-        # The plot's link, relative to wherever the page is.
-        link = Path(os.path.relpath(png.resolve(), to.resolve().parent)).as_posix()
-        to.write_text(markdown(results, meta, no_plot, signal, paired, link))
+        to.write_text(page_text(to.resolve().parent))
         written.append(to.name if page is None else str(to))
-    if not no_plot:
-        written.append("latency.png")
+    written += [p.name for p, why in plots if why is None]
     say("wrote " + ", ".join(written))
-    if no_plot:
-        stale = png.exists()
+    for p, why in plots:
+        if why is None:
+            continue
+        stale = p.exists()
         if stale:
-            png.unlink()
+            p.unlink()
         print(
-            f"aiocudasem bench: warning: wrote no latency.png: {no_plot}. The page says so "
+            f"aiocudasem bench: warning: wrote no {p.name}: {why}. The page says so "
             "and links no plot"
-            + ("; removed the latency.png of an earlier run" if stale else "")
+            + (f"; removed the {p.name} of an earlier run" if stale else "")
             + ".",
             file=sys.stderr,
             flush=True,
         )
+    # The plot of a section that did not run this time shows an earlier run's figures.
+    drawn = [q for q, _ in plots]
+    for stale_png in (png, curve_png):
+        if stale_png not in drawn and stale_png.exists():
+            stale_png.unlink()
     if isinstance(to, Path):
         lines = summary_lines(results, meta, signal, paired)
         where = f"the full page, every approach and figure: {to}; every run: {out / 'results.json'}"
         say("\n".join([*lines, where]))
     else:
-        say(markdown(results, meta, no_plot, signal, paired, str(png)))
+        say(page_text(None))

@@ -8,8 +8,10 @@ import ctypes
 import dataclasses
 import importlib.metadata
 import itertools
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, ClassVar
+import queue
+import threading
+from collections.abc import Awaitable, Callable, Collection, Coroutine
+from typing import Any, ClassVar, Final
 
 import anyio
 
@@ -49,6 +51,9 @@ class Approach:
 
     def teardown(self) -> None:
         """Called once after them."""
+
+    def close(self) -> None:
+        """Called once the section that measures this approach is over: ends its threads."""
 
 
 class BlockingSync(Approach):
@@ -110,6 +115,96 @@ class CheckpointFloor(Approach):
                 await checkpoint()
 
         return wait
+
+
+class EventThread(Approach):
+    """The floor of any wait that does not spin: a thread of its own, blocked in
+    cuEventSynchronize on an event created with the blocking-sync flag
+    (``CU_EVENT_BLOCKING_SYNC``: the driver puts the thread to sleep until the GPU's interrupt)
+    and recorded behind the work, then wakes the loop the loop's own way (a future resolved
+    with ``call_soon_threadsafe`` on asyncio and uvloop, a ``trio.Event`` set from the trio
+    token on trio). No library, no pool of threads: the least a sleeping waiter can cost. One
+    wait at a time per stream (its event is re-recorded by the next)."""
+
+    name, label = (
+        "event_thread",
+        "a thread blocked in cuEventSynchronize, blocking-sync event (the floor without spinning)",
+    )
+    asyncio_only = False
+
+    def __init__(self, drv: acs.Driver) -> None:
+        super().__init__(drv)
+        self.jobs: queue.SimpleQueue[tuple[int, Callable[[BaseException | None], None]] | None]
+        self.jobs = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.events: dict[int, int] = {}  # stream handle -> its blocking-sync event
+
+    def _serve(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            event, done = job
+            error: BaseException | None = None
+            try:
+                self.drv.event_synchronize(event)
+            except BaseException as exc:  # handed to the waiter, which raises it
+                error = exc
+            done(error)
+
+    def _event(self, h: int) -> int:
+        ev = self.events.get(h)
+        if ev is None:
+            ev = self.events[h] = self.drv.event_create(0, blocking=True)
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._serve, name="event_thread", daemon=True)
+            self.thread.start()
+        return ev
+
+    async def wait(self, h: int) -> None:
+        ev = self._event(h)
+        self.drv.event_record(ev, h)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not asyncio: trio
+            await self._wait_trio(ev)
+            return
+        fut: asyncio.Future[None] = loop.create_future()
+
+        def resolve(error: BaseException | None) -> None:
+            if not fut.done():
+                if error is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(error)
+
+        def done(error: BaseException | None) -> None:
+            loop.call_soon_threadsafe(resolve, error)
+
+        self.jobs.put((ev, done))
+        await fut
+
+    async def _wait_trio(self, ev: int) -> None:
+        import trio
+
+        token = trio.lowlevel.current_trio_token()
+        woken = trio.Event()
+        errors: list[BaseException | None] = []
+
+        def done(error: BaseException | None) -> None:
+            errors.append(error)
+            token.run_sync_soon(woken.set)
+
+        self.jobs.put((ev, done))
+        await woken.wait()
+        if errors[0] is not None:
+            raise errors[0]
+
+    def close(self) -> None:
+        if self.thread is not None:
+            self.jobs.put(None)
+            self.thread.join()
+            self.thread = None
+        for ev in self.events.values():
+            self.drv.event_destroy(ev)
+        self.events.clear()
 
 
 class PollSleep1ms(Approach):
@@ -334,6 +429,67 @@ class NumbaAsyncDone(Approach):
         await s.async_done()
 
 
+# ---------------------------------------------------------------- trio's own forms
+
+
+class TrioPoll0(Approach):
+    name, label = "poll0", "poll + trio.sleep(0)"
+    asyncio_only = False
+
+    async def wait(self, h: int) -> None:
+        import trio
+
+        q = self.drv.stream_query
+        while not q(h):
+            await trio.lowlevel.checkpoint()
+
+    def waiter(self, h: int) -> Callable[[], Awaitable[None]]:
+        import trio
+
+        q, checkpoint = self.drv.stream_query, trio.lowlevel.checkpoint
+
+        async def wait() -> None:
+            while not q(h):
+                await checkpoint()
+
+        return wait
+
+
+class TrioCheckpoint(CheckpointFloor):
+    label = "trio.lowlevel.checkpoint() + cuStreamQuery (no library)"
+    asyncio_only = False
+
+    def __init__(self, drv: acs.Driver) -> None:
+        import trio
+
+        super().__init__(drv)
+        self.checkpoint = trio.lowlevel.checkpoint
+
+
+class TrioToThread(Approach):
+    name, label = "to_thread", "trio.to_thread.run_sync(synchronize)"
+    asyncio_only = False
+
+    async def wait(self, h: int) -> None:
+        import trio
+
+        await trio.to_thread.run_sync(self.drv.stream_synchronize, h)
+
+
+#: The approaches measured on uvloop and trio as well as on asyncio's own loop (by the names
+#: of their asyncio forms): the floors, what people write by hand, the bare C host function
+#: and the library; the peers' wrappers run on asyncio's own loop only.
+LOOP_APPROACHES: Final = (
+    "sync",
+    "poll0",
+    "checkpoint",
+    "to_thread",
+    "c_workstream",
+    "aiocudasem_parked",
+    "aiocudasem",
+)
+
+
 ALL = [
     BlockingSync,
     ToThread,
@@ -349,3 +505,20 @@ ALL = [
     AiocudasemParked,
     Aiocudasem,
 ]
+
+#: trio's form of each approach that has one (the others run there as they are).
+_TRIO = {"poll0": TrioPoll0, "checkpoint": TrioCheckpoint, "to_thread": TrioToThread}
+
+
+def for_loop(loop: str, names: Collection[str] | None = None) -> list[type[Approach]]:
+    """The approaches measured on ``loop`` ("asyncio", "uvloop" or "trio"), in the benchmark's
+    order, those in ``names`` if given: every one on asyncio, :data:`LOOP_APPROACHES` on the
+    others, in trio's form on trio."""
+    out: list[type[Approach]] = []
+    for cls in ALL:
+        if names is not None and cls.name not in names:
+            continue
+        if loop != "asyncio" and cls.name not in LOOP_APPROACHES:
+            continue
+        out.append(_TRIO.get(cls.name, cls) if loop == "trio" else cls)
+    return out

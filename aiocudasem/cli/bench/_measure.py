@@ -9,7 +9,7 @@ import os
 import resource
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterator
+from collections.abc import Iterator
 from typing import Any, Final
 
 import anyio
@@ -19,17 +19,27 @@ import aiocudasem as acs
 from aiocudasem import configure
 from aiocudasem.testing import workloads
 
-from ._approaches import Aiocudasem, Approach, BlockingSync, CheckpointFloor
-from ._common import KERNEL_NS, US, paired_ratios, pct, say, spread, thread_cpu
+from ._approaches import Aiocudasem, Approach
+from ._common import (
+    KERNEL_NS,
+    US,
+    balanced,
+    gc_window,
+    paired_ratios,
+    pct,
+    say,
+    spread,
+    thread_cpu,
+)
 
 #: How long each throughput figure counts awaits, per round: some 30,000 awaits on an H200; the
 #: rounds give the spread.
 THROUGHPUT_S: Final = 0.6
 
 #: Paired throughput: every round measures each of these approaches for PAIRED_S, one after
-#: the other, in an order that starts one place later each round. A ratio of two approaches in
-#: one round is a paired figure: the machine's drift over seconds and minutes (clocks, other
-#: tenants), which spreads the rounds of the main table, falls on both alike.
+#: the other, in the order of a balanced Latin square (``_common.latin_row``). A ratio of two
+#: approaches in one round is a paired figure: the machine's drift over seconds and minutes
+#: (clocks, other tenants), which spreads the rounds of the main table, falls on both alike.
 PAIRED_APPROACHES: Final = ("poll0", "checkpoint", "aiocudasem")
 PAIRED_S: Final = 0.2
 
@@ -46,14 +56,24 @@ class Bench:
         self.work = workloads(drv)  # before any wait: its kernel loads first
         self.quick = quick
         self.devices = devices
+        #: The crowds' size and the parked crowd's kernel; the parked-CPU test's kernel, its
+        #: settling time and its window. A smoke run (``--quick``, the simulated device) takes
+        #: smaller ones: its figures are for checking, not for reading.
+        self.crowd = 2_000 if quick else 10_000
+        self.parked_kernel_ns = 500_000_000 if quick else PARKED_KERNEL_NS
+        self.cpu_kernel_ns, self.cpu_settle_s, self.cpu_window_s = (
+            (1_000_000_000, 0.2, 0.3) if quick else (3_000_000_000, 0.5, 1.0)
+        )
         self.streams = [drv.stream_create(0, True, 0) for _ in range(64)]
         # With several devices: 8 more streams, dealt round-robin over them.
         self.split = (
             [drv.stream_create(i % devices, True, 0) for i in range(8)] if devices > 1 else []
         )
+        #: The main rounds: asyncio's approaches by name, and those of every other loop under
+        #: its name ("uvloop", "trio").
         self.results: dict[str, Any] = {}
-        #: Paired throughput, by loop ("asyncio", "trio"), then stream count ("1", "8"), then
-        #: approach: awaits/s per round (see paired_throughput()).
+        #: Paired throughput, by loop ("asyncio", "uvloop", "trio"), then stream count ("1",
+        #: "8"), then approach: awaits/s per round (see paired_throughput()).
         self.paired: dict[str, dict[str, dict[str, list[float]]]] = {}
         self.cpu_threads: dict[str, dict[str, float]] = {}  # approach -> thread name -> seconds
 
@@ -85,18 +105,19 @@ class Bench:
     async def cpu_parked(self, ap: Approach, waiters: int = 1000) -> float:
         """CPU cores used while `waiters` coroutines are parked on long kernels: one 3 s kernel
         on each of 16 streams, the CPU read over a 1 s window once every coroutine is waiting
-        (process CPU time, all threads, the driver's and the fault watchdog's included)."""
+        (process CPU time, all threads, the driver's and the fault watchdog's included). A
+        smoke run takes a 1 s kernel and a 0.3 s window."""
         hs = self.streams[:16]
         for h in hs:
-            self.launch(h, 3_000_000_000)
+            self.launch(h, self.cpu_kernel_ns)
 
         async with anyio.create_task_group() as tg:
             for i in range(waiters):
                 tg.start_soon(ap.wait, hs[i % len(hs)])
-            await anyio.sleep(0.5)  # all started, spun and parked
+            await anyio.sleep(self.cpu_settle_s)  # all started, spun and parked
             t0 = thread_cpu()
             c0, w0 = time.process_time(), time.perf_counter()
-            await anyio.sleep(1.0)
+            await anyio.sleep(self.cpu_window_s)
             cores = (time.process_time() - c0) / (time.perf_counter() - w0)
             t1 = thread_cpu()
         # Which threads spent it: the loop's, the watchdog's, the driver's.
@@ -325,35 +346,37 @@ class GcPauses:
 SPLIT_APPROACHES: Final = ("sync", "poll0", "pycallback", "aiocudasem_parked", "aiocudasem")
 
 
-#: The approaches whose crowds of 10,000 awaiters are measured.
+#: The approaches whose crowds of 10,000 awaiters (2,000 in a smoke run) are measured.
 CROWD_APPROACHES: Final = ("poll0", "checkpoint", "pycallback", "aiocudasem")
 
 
-def _rotated(items: list[Any], r: int) -> list[Any]:
-    """Round ``r``'s order: each round starts one place later, so that drift in the machine
-    (clocks, other tenants) falls on every approach alike."""
-    k = r % len(items) if items else 0
-    return items[k:] + items[:k]
-
-
 class Progress:
-    """One line per approach per round, with the time so far and an estimate of what is left."""
+    """One line per step (an approach in a round, a kernel length), with the time so far and
+    an estimate of what is left. ``cost``: each step's expected share of the time (the
+    estimate weighs the steps done and left by it), where the steps differ; 1 each if not
+    given."""
 
-    def __init__(self, steps: int) -> None:
+    def __init__(self, steps: int, cost: float | None = None) -> None:
         self.steps, self.done, self.t0 = steps, 0, time.perf_counter()
+        self.total = float(steps) if cost is None else cost
+        self.spent = 0.0
 
-    def step(self, what: str) -> None:
+    def step(self, what: str, cost: float = 1.0) -> None:
         elapsed = time.perf_counter() - self.t0
-        left = elapsed / self.done * (self.steps - self.done) if self.done else None
-        eta = f", about {left:.0f} s left" if left is not None else ""
+        left = elapsed / self.spent * (self.total - self.spent) if self.spent > 0 else None
+        eta = f", about {max(left, 0.0):.0f} s left" if left is not None else ""
         self.done += 1
+        self.spent += cost
         say(f"[{self.done}/{self.steps}] {what} ({elapsed:.0f} s{eta})")
 
 
-async def run_asyncio(b: Bench, approaches: list[Approach], repeats: int) -> None:
-    """Every approach ``repeats`` times, interleaved: round r measures them all, in an order
-    that starts one place later each round. Each round's figures are one run."""
-    res = b.results
+async def run_main(b: Bench, loop: str, approaches: list[Approach], repeats: int) -> None:
+    """Every approach ``repeats`` times on ``loop``, interleaved: round r measures them all, in
+    the order of row r of a balanced Latin square (``_common.latin_row``). Each round's figures
+    are one run, which records its round, so that figures of one round can be paired. The
+    results go to ``b.results`` (asyncio) or ``b.results[loop]``; then the paired throughput
+    rounds."""
+    res = b.results if loop == "asyncio" else b.results.setdefault(loop, {})
     n = 60 if b.quick else 300
     tput_s = THROUGHPUT_S / 2 if b.quick else THROUGHPUT_S
     live = []
@@ -366,11 +389,11 @@ async def run_asyncio(b: Bench, approaches: list[Approach], repeats: int) -> Non
             live.append(ap)
     progress = Progress(repeats * len(live))
     for r in range(repeats):
-        for ap in _rotated(live, r):
+        for ap in balanced(live, r):
             entry = res[ap.name]
             if "error" in entry:
                 continue
-            progress.step(f"asyncio round {r + 1}/{repeats}: {ap.name}")
+            progress.step(f"{loop} round {r + 1}/{repeats}: {ap.name}")
             ap.setup()
             try:
                 err = await b.probe(ap)
@@ -378,11 +401,14 @@ async def run_asyncio(b: Bench, approaches: list[Approach], repeats: int) -> Non
                     entry["error"] = err
                     say(f"  {ap.name:<18} FAILS: {err}")
                     continue
-                entry["runs"].append(await measure(b, ap, n, tput_s))
+                run = await measure(b, ap, n, tput_s, loop)
             finally:
                 ap.teardown()
+            entry["runs"].append({"round": r, **run})
+    for ap in live:
+        ap.close()
     working = [ap for ap in live if "error" not in res[ap.name]]
-    await paired_throughput(b, "asyncio", working, paired_rounds(repeats))
+    await paired_throughput(b, loop, working, paired_rounds(repeats))
 
 
 async def paired_throughput(b: Bench, loop: str, approaches: list[Approach], rounds: int) -> None:
@@ -400,10 +426,11 @@ async def paired_throughput(b: Bench, loop: str, approaches: list[Approach], rou
         runs: dict[str, list[float]] = {ap.name: [] for ap in aps}
         for r in range(rounds):
             progress.step(f"{loop} paired round {r + 1}/{rounds}, {n} stream(s)")
-            for ap in _rotated(aps, r):
+            for ap in balanced(aps, r):
                 ap.setup()
                 try:
-                    runs[ap.name].append(await b.throughput(ap, n, seconds))
+                    with gc_window(short=False):
+                        runs[ap.name].append(await b.throughput(ap, n, seconds))
                 finally:
                     ap.teardown()
         out[str(n)] = runs
@@ -422,95 +449,42 @@ def paired_rounds(repeats: int) -> int:
     return 3 * repeats
 
 
-async def measure(b: Bench, ap: Approach, n: int, tput_s: float) -> dict[str, Any]:
-    """One run of every figure that applies to ``ap``."""
+async def measure(
+    b: Bench, ap: Approach, n: int, tput_s: float, loop: str = "asyncio"
+) -> dict[str, Any]:
+    """One run of every figure that applies to ``ap``. Each timed window is wrapped in
+    ``gc_window``: a full collection before it, for every approach alike, and the collector
+    off during the short ones (the latency samples, the stall test)."""
     run: dict[str, Any] = {}
-    await b.latency(ap, KERNEL_NS, 20)  # warm-up
-    run["latency_100us"] = await b.latency(ap, KERNEL_NS, n)
-    run["latency_empty"] = await b.latency(ap, 0, n)
-    run["awaits_per_s_1"] = await b.throughput(ap, 1, tput_s)
-    run["awaits_per_s_8"] = await b.throughput(ap, 8, tput_s)
+    with gc_window(short=True):
+        await b.latency(ap, KERNEL_NS, 20)  # warm-up
+        run["latency_100us"] = await b.latency(ap, KERNEL_NS, n)
+    with gc_window(short=True):
+        run["latency_empty"] = await b.latency(ap, 0, n)
+    with gc_window(short=False):
+        run["awaits_per_s_1"] = await b.throughput(ap, 1, tput_s)
+    with gc_window(short=False):
+        run["awaits_per_s_8"] = await b.throughput(ap, 8, tput_s)
     if b.split and ap.name in SPLIT_APPROACHES:
-        run["awaits_per_s_8_split"] = await b.throughput(ap, 8, tput_s, b.split)
+        with gc_window(short=False):
+            run["awaits_per_s_8_split"] = await b.throughput(ap, 8, tput_s, b.split)
     if ap.name not in ("sync", "torch_to_thread", "to_thread", "checkpoint"):
-        run["cpu_parked"] = await b.cpu_parked(ap)
+        with gc_window(short=False):
+            run["cpu_parked"] = await b.cpu_parked(ap)
         run["cpu_parked_threads"] = b.cpu_threads.get(ap.name, {})
     if hasattr(ap, "enqueue") or ap.name == "sync":
-        run["stall_us"] = await b.stall(ap)
+        with gc_window(short=True):
+            run["stall_us"] = await b.stall(ap)
     if ap.name in CROWD_APPROACHES:
-        run["many"] = await b.many(ap)
-        run["many_parked"] = await b.many(ap, kernel_ns=PARKED_KERNEL_NS, collect=True)
+        # The crowds run their own collections (see many()); the collector stays on.
+        run["many"] = await b.many(ap, waiters=b.crowd)
+        run["many_parked"] = await b.many(
+            ap, waiters=b.crowd, kernel_ns=b.parked_kernel_ns, collect=True
+        )
     say(
-        f"  {ap.name:<18} wake {statistics.median(run['latency_100us']):.1f} us, "
+        f"  {(loop + ' ' if loop != 'asyncio' else '') + ap.name:<18} wake "
+        f"{statistics.median(run['latency_100us']):.1f} us, "
         f"{run['awaits_per_s_1']:.0f} / {run['awaits_per_s_8']:.0f} awaits/s (1 / 8 streams)"
         + (f", parked CPU {run['cpu_parked']:.4f} cores" if "cpu_parked" in run else "")
     )
     return run
-
-
-#: The approaches measured on trio, by the names of their asyncio counterparts.
-TRIO_APPROACHES = ("sync", "poll0", "checkpoint", "to_thread", "aiocudasem")
-
-
-async def run_trio(b: Bench, repeats: int, names: Collection[str] = TRIO_APPROACHES) -> None:
-    """Wake latency and throughput on trio, ``repeats`` interleaved rounds: aiocudasem and the
-    trio-native alternatives, those of :data:`TRIO_APPROACHES` that are in ``names``."""
-    import trio
-
-    class TrioPoll0(Approach):
-        name, label = "poll0", "poll + trio.sleep(0)"
-
-        async def wait(self, h: int) -> None:
-            q = self.drv.stream_query
-            while not q(h):
-                await trio.lowlevel.checkpoint()
-
-        def waiter(self, h: int) -> Callable[[], Awaitable[None]]:
-            q, checkpoint = self.drv.stream_query, trio.lowlevel.checkpoint
-
-            async def wait() -> None:
-                while not q(h):
-                    await checkpoint()
-
-            return wait
-
-    class TrioCheckpoint(CheckpointFloor):
-        label = "trio.lowlevel.checkpoint() + cuStreamQuery (no library)"
-        checkpoint = staticmethod(trio.lowlevel.checkpoint)
-
-    class TrioToThread(Approach):
-        name, label = "to_thread", "trio.to_thread.run_sync(synchronize)"
-
-        async def wait(self, h: int) -> None:
-            await trio.to_thread.run_sync(self.drv.stream_synchronize, h)
-
-    n = 60 if b.quick else 300
-    tput_s = THROUGHPUT_S / 2 if b.quick else THROUGHPUT_S
-    out = b.results.setdefault("trio", {})
-    every = [
-        BlockingSync(b.drv),
-        TrioPoll0(b.drv),
-        TrioCheckpoint(b.drv),
-        TrioToThread(b.drv),
-        Aiocudasem(b.drv),
-    ]
-    approaches = [ap for ap in every if ap.name in names]
-    progress = Progress(repeats * len(approaches))
-    for r in range(repeats):
-        for ap in _rotated(approaches, r):
-            progress.step(f"trio round {r + 1}/{repeats}: {ap.name}")
-            ap.setup()
-            try:
-                await b.latency(ap, KERNEL_NS, 20)
-                lat = await b.latency(ap, KERNEL_NS, n)
-                one = await b.throughput(ap, 1, tput_s)
-                eight = await b.throughput(ap, 8, tput_s)
-            finally:
-                ap.teardown()
-            run = {"latency_100us": lat, "awaits_per_s_1": one, "awaits_per_s_8": eight}
-            out.setdefault(ap.name, {"label": ap.label, "runs": []})["runs"].append(run)
-            say(
-                f"  trio {ap.name:<13} wake {statistics.median(lat):.1f} us, "
-                f"{one:.0f} / {eight:.0f} awaits/s (1 / 8 streams)"
-            )
-    await paired_throughput(b, "trio", approaches, paired_rounds(repeats))

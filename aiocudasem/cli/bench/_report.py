@@ -12,8 +12,9 @@ from typing import Any
 
 import aiocudasem as acs
 
-from ._common import over_runs, paired_ratios, pct, spread
+from ._common import over_runs, paired_differences, paired_ratios, pct, spread
 from ._measure import PAIRED_APPROACHES, PARKED_KERNEL_NS
+from ._service import summarize_service
 from ._signal import summarize_signal
 
 PARKED_S = PARKED_KERNEL_NS / 1e9
@@ -45,12 +46,17 @@ def commit() -> str:
     return f"{_revision()}, source digest {source_digest()}"
 
 
-def _revision() -> str:
+def _revision(root: Path | None = None) -> str:
+    """The commit of the checkout at ``root`` (by default the one the package runs from), from
+    git (with ``+changes`` if the tree differs from it); where there is no git checkout, from a
+    ``REVISION`` file at the top of the tree, which a copy made with ``git archive`` carries
+    (the short hash of its commit); else the installed version."""
     import subprocess
 
     import aiocudasem
 
-    root = Path(aiocudasem.__file__).resolve().parent.parent
+    if root is None:
+        root = Path(aiocudasem.__file__).resolve().parent.parent
     if (root / ".git").exists():
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             git = ["git", "-C", str(root)]
@@ -64,6 +70,10 @@ def _revision() -> str:
             ).stdout.strip()
             if rev:
                 return f"commit {rev}" + (" +changes" if dirty else "")
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        words = (root / "REVISION").read_text(encoding="utf-8").split()
+        if words and all(c in "0123456789abcdefABCDEF" for c in words[0]):
+            return f"revision {words[0]} (from REVISION)"
     return f"aiocudasem {aiocudasem.__version__} (installed, not a checkout)"
 
 
@@ -126,8 +136,18 @@ FIGURES: dict[str, Callable[[dict[str, Any]], float | None]] = {
 }
 
 
-def summarize(entry: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Each figure over the runs: median, min and max (figures a run lacks are left out)."""
+#: The keys of the main results that are event loops, not approaches (asyncio's approaches
+#: are at the top level).
+LOOP_KEYS = ("uvloop", "trio")
+
+
+def summarize(
+    entry: dict[str, Any], sync: dict[str, Any] | None = None
+) -> dict[str, dict[str, float]]:
+    """Each figure over the runs: median, min and max (figures a run lacks are left out).
+    With ``sync``, blocking sync's entry of the same loop, also the latency over sync's paired
+    round by round: ``wake_over_sync_us`` (the round's median less sync's median in the same
+    round), ``wake_p99_over_sync_us`` (the same of the p99s) and ``empty_over_sync_us``."""
     out: dict[str, dict[str, float]] = {}
     for name, get in FIGURES.items():
         try:
@@ -136,6 +156,51 @@ def summarize(entry: dict[str, Any]) -> dict[str, dict[str, float]]:
             continue
         if values:
             out[name] = over_runs(values)
+    if sync is not None:
+        out.update(paired_latency(entry, sync))
+    return out
+
+
+def _by_round(runs: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Runs by their round; runs from before the benchmark recorded it, by their place."""
+    return {r.get("round", i): r for i, r in enumerate(runs)}
+
+
+def paired_latency(entry: dict[str, Any], sync: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Latency over blocking sync's, paired round by round (see :func:`summarize`); figures
+    that no round has both of are left out."""
+    mine, ref = _by_round(entry.get("runs", [])), _by_round(sync.get("runs", []))
+    rounds = sorted(set(mine) & set(ref))
+    out: dict[str, dict[str, float]] = {}
+    for name, key, get in (
+        ("wake_over_sync_us", "latency_100us", statistics.median),
+        ("wake_p99_over_sync_us", "latency_100us", lambda xs: pct(xs, 99)),
+        ("empty_over_sync_us", "latency_empty", statistics.median),
+    ):
+        pairs = [
+            (get(mine[r][key]), get(ref[r][key]))
+            for r in rounds
+            if mine[r].get(key) and ref[r].get(key)
+        ]
+        if pairs:
+            out[name] = over_runs(paired_differences(*map(list, zip(*pairs, strict=True))))
+    return out
+
+
+def summaries(entries: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """:func:`summarize` of every approach of one loop's entries, paired with its sync."""
+    sync = entries.get("sync")
+    return {n: summarize(e, sync) for n, e in entries.items() if n not in LOOP_KEYS}
+
+
+def loop_entries(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The main results by loop: asyncio's at the top level, the others under their names."""
+    out = {"asyncio": {n: e for n, e in results.items() if n not in LOOP_KEYS}}
+    for loop in LOOP_KEYS:
+        if results.get(loop):
+            out[loop] = results[loop]
+    if not out["asyncio"]:
+        del out["asyncio"]
     return out
 
 
@@ -143,47 +208,65 @@ def _header(meta: dict[str, Any]) -> list[str]:
     tag = " (SIMULATED device: not GPU figures)" if meta["simulated"] else ""
     gpu = meta["gpu"].get("nvidia-smi") or meta["gpu"]["device"]
     packages = ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
+    sections = meta.get("sections")
+    ran = f" Sections run: {', '.join(sections)}." if sections else ""
     return [
         f"# Performance{tag}",
         "",
         f"Measured {meta['date']}, {meta.get('commit', 'unknown commit')}, on {gpu}, host "
-        f"{meta['host']}. Packages: {packages}.",
+        f"{meta['host']}. Packages: {packages}.{ran}",
         "",
         f"One process, the same streams and the same `%globaltimer` spin kernel for every "
         f"approach (`aiocudasem bench`), {rounds_text(meta.get('repeats', 1))} interleaved (each "
-        "round measures every approach, starting one place later than the round before). Each "
-        "cell is the median over the rounds, with the lowest and highest in square brackets. "
-        "Latency = "
-        'from enqueuing the kernel to the coroutine resuming; "+" is the median above blocking '
-        "sync.",
+        "round measures every approach, in the order of a row of a balanced Latin square: over "
+        "the rounds each approach takes each place, and follows each other one, equally often). "
+        "Each cell is the median over the rounds, with the lowest and highest in square "
+        'brackets. Latency = from enqueuing the kernel to the coroutine resuming; "+" is the '
+        "difference to blocking sync measured in the same round, median [min-max] over the "
+        "rounds. A full garbage collection runs before every timed window, for every approach "
+        "alike, and the collector is off during the short ones (latency samples, the stall "
+        "test, the curve's rounds).",
         "",
     ]
 
 
+def _over_sync(f: dict[str, Any], paired: str, fig: str, base: float | None) -> str:
+    """The paired difference to sync (``paired``), or, for results from before the benchmark
+    paired them, the difference of the medians (``fig`` less ``base``)."""
+    if paired in f:
+        return spread(f[paired], "+.1f")
+    if base is None or fig not in f:
+        return "n/a"
+    return f"{f[fig]['median'] - base:+.1f}"
+
+
 def _main_table(results: dict[str, Any], sums: dict[str, Any]) -> list[str]:
     floor = sums.get("sync", {})
-    base = floor.get("wake_us", {}).get("median", 0.0)
-    base_empty = floor.get("empty_us", {}).get("median", 0.0)
+    base = floor.get("wake_us", {}).get("median")
+    base_p99 = floor.get("wake_p99_us", {}).get("median")
+    base_empty = floor.get("empty_us", {}).get("median")
     lines = [
-        "| approach | wake latency, 100 us kernel, median (+ over sync) | its p99 | empty stream, "
-        "median | CPU while 1,000 coroutines are parked on 3 s kernels (cores) | awaits/s, "
+        "| approach | wake latency, 100 us kernel, median (+ over sync) | its p99 (+ over sync) "
+        "| empty stream, median (+ over sync) "
+        "| CPU while 1,000 coroutines are parked on 3 s kernels (cores) | awaits/s, "
         "1 stream | awaits/s, 8 streams | work-stream GPU time, 100 x (50 us kernel + notify), "
         "loop busy (ms) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, e in results.items():
-        if name == "trio":
+        if name in LOOP_KEYS:
             continue
         if "error" in e:
             lines.append(f"| {e['label']} | fails: `{e['error'][:120]}` | | | | | | |")
             continue
         f = sums[name]
-        wake = f.get("wake_us", {}).get("median", 0.0) - base
-        empty = f.get("empty_us", {}).get("median", 0.0) - base_empty
+        wake = _over_sync(f, "wake_over_sync_us", "wake_us", base)
+        p99 = _over_sync(f, "wake_p99_over_sync_us", "wake_p99_us", base_p99)
+        empty = _over_sync(f, "empty_over_sync_us", "empty_us", base_empty)
         lines.append(
-            f"| {e['label']} | {spread(f.get('wake_us'), '.1f')} ({wake:+.1f}) us "
-            f"| {spread(f.get('wake_p99_us'))} us "
-            f"| {spread(f.get('empty_us'), '.1f')} ({empty:+.1f}) us "
+            f"| {e['label']} | {spread(f.get('wake_us'), '.1f')} ({wake}) us "
+            f"| {spread(f.get('wake_p99_us'))} ({p99}) us "
+            f"| {spread(f.get('empty_us'), '.1f')} ({empty}) us "
             f"| {spread(f.get('cpu_parked'), '.4f')} | {spread(f.get('awaits_per_s_1'))} "
             f"| {spread(f.get('awaits_per_s_8'))} | {spread(f.get('stall_ms'), '.2f')} |"
         )
@@ -198,12 +281,17 @@ def _collected(flags: list[bool | None]) -> str:
     return f"{sum(f is True for f in flags)}/{len(flags)}"
 
 
-def _crowd_table(results: dict[str, Any], sums: dict[str, Any]) -> list[str]:
+def _crowd_table(results: dict[str, Any], sums: dict[str, Any], loop: str = "asyncio") -> list[str]:
     rows = []
+    waiters = 10_000
+    parked_s = PARKED_S
     for name, e in results.items():
-        runs = [r for r in e.get("runs", []) if "many" in r] if name != "trio" else []
+        runs = [r for r in e.get("runs", []) if "many" in r] if name not in LOOP_KEYS else []
         if not runs:
             continue
+        waiters = runs[0]["many"]["waiters"]
+        if "many_parked" in runs[0]:
+            parked_s = runs[0]["many_parked"]["kernel_ms"] / 1e3
         crowds = [r[k] for r in runs for k in ("many", "many_parked") if k in r]
         woke = min(m["woke"] for m in crowds)
         fds = max(m["extra_fds_peak"] for m in crowds)
@@ -223,18 +311,36 @@ def _crowd_table(results: dict[str, Any], sums: dict[str, Any]) -> list[str]:
         )
     if not rows:
         return []
+    table = [
+        "| approach | woke (fewest in a run) | extra fds (peak) | RSS growth (most) "
+        "| short kernels: p50 / p99 from launch | short kernels: the collector's pauses "
+        "| parked before the end (fewest) "
+        "| collected before the end (runs) | parked: p50 / p99 after the kernel ends |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *rows,
+    ]
+    if loop != "asyncio":
+        return [
+            "",
+            f"### {waiters:,} awaiters on 64 streams, {loop}",
+            "",
+            "The same two crowds as on asyncio.",
+            "",
+            *table,
+        ]
     return [
         "",
-        "## 10,000 awaiters on 64 streams",
+        f"## {waiters:,} awaiters on 64 streams",
         "",
-        "Two crowds. *Short kernels*: one 20 ms kernel per stream; starting 10,000 tasks takes "
+        f"Two crowds. *Short kernels*: one 20 ms kernel per stream; starting {waiters:,} tasks "
+        "takes "
         "longer than that, so most coroutines find their work done, and the figure (from before "
         "the launches) is the cost of 10,000 awaits of finished work. An await is always a "
         "checkpoint, so each aiocudasem waiter passes the scheduler once; a polling loop that "
         "finds the work done returns without yielding. The checkpoint row passes the scheduler "
         "once too, then queries, with no library code: what any await that is a checkpoint "
         "costs. *Parked*: one "
-        f"{PARKED_S:g} s kernel per stream, so that every coroutine is waiting before its kernel "
+        f"{parked_s:g} s kernel per stream, so that every coroutine is waiting before its kernel "
         "ends; the figure is taken from the kernels' end (they run side by side, timed by the "
         "GPU's nanosecond clock), and measures how a parked crowd is woken. Before each crowd's "
         "launches a full garbage collection runs, for every approach alike and outside the "
@@ -243,18 +349,13 @@ def _crowd_table(results: dict[str, Any], sums: dict[str, Any]) -> list[str]:
         "approaches only) would otherwise bring a full collection forward into its crowd. "
         "Once every coroutine "
         "of the parked crowd has started, a full garbage collection runs, for every approach "
-        "alike: starting 10,000 tasks makes one due, which would otherwise land in whichever "
+        f"alike: starting {waiters:,} tasks makes one due, which would otherwise land in whichever "
         "approach allocates first after the kernels end, and take 100-300 ms there. The "
         "collector's pauses during the short crowd are given for each approach: full "
         "collections in a run (the fewest and the most) and the milliseconds of all "
         "collections (median [min-max]), which are part of its figures.",
         "",
-        "| approach | woke (fewest in a run) | extra fds (peak) | RSS growth (most) "
-        "| short kernels: p50 / p99 from launch | short kernels: the collector's pauses "
-        "| parked before the end (fewest) "
-        "| collected before the end (runs) | parked: p50 / p99 after the kernel ends |",
-        "|---|---|---|---|---|---|---|---|---|",
-        *rows,
+        *table,
     ]
 
 
@@ -274,7 +375,7 @@ def _split_table(results: dict[str, Any], sums: dict[str, Any], devices: int) ->
         f"| {e['label']} | {spread(sums[n].get('awaits_per_s_8'))} "
         f"| {spread(sums[n]['awaits_per_s_8_split'])} |"
         for n, e in results.items()
-        if n != "trio" and "awaits_per_s_8_split" in sums.get(n, {})
+        if n not in LOOP_KEYS and "awaits_per_s_8_split" in sums.get(n, {})
     ]
     if not rows:
         return []
@@ -288,26 +389,17 @@ def _split_table(results: dict[str, Any], sums: dict[str, Any], devices: int) ->
     ]
 
 
-def _trio_table(trio: dict[str, Any]) -> list[str]:
-    sums = {n: summarize(e) for n, e in trio.items()}
-    base = sums.get("sync", {}).get("wake_us", {}).get("median", 0.0)
+def _loop_section(loop: str, entries: dict[str, Any]) -> list[str]:
+    """The main figures of a loop other than asyncio's own: the approaches that run there too
+    (in trio's form on trio), with the same columns as asyncio's table, and their crowds."""
+    sums = summaries(entries)
     lines = [
         "",
-        "## trio: wake latency (100 us kernel) and throughput",
+        f"## {loop}: wake latency (100 us kernel), throughput, CPU while parked, GPU time",
         "",
-        "| approach | wake latency, median (+ over sync) | its p99 | awaits/s, 1 stream "
-        "| awaits/s, 8 streams |",
-        "|---|---|---|---|---|",
+        *_main_table(entries, sums),
     ]
-    for n, e in trio.items():
-        f = sums[n]
-        plus = f.get("wake_us", {}).get("median", 0.0) - base
-        lines.append(
-            f"| {e['label']} | {spread(f.get('wake_us'), '.1f')} ({plus:+.1f}) us "
-            f"| {spread(f.get('wake_p99_us'))} us | {spread(f.get('awaits_per_s_1'))} "
-            f"| {spread(f.get('awaits_per_s_8'))} |"
-        )
-    return lines
+    return lines + _crowd_table(entries, sums, loop)
 
 
 def paired_table(paired: dict[str, Any], results: dict[str, Any]) -> list[str]:
@@ -337,8 +429,8 @@ def paired_table(paired: dict[str, Any], results: dict[str, Any]) -> list[str]:
         "## Throughput in paired rounds",
         "",
         f"{rounds_text(rounds)} per loop and stream count, each measuring every approach for "
-        "a fraction of a second, one after the other, in an order that starts one place later "
-        "each round. The ratio to busy polling is taken within each round, so the machine's "
+        "a fraction of a second, one after the other, in the order of a balanced Latin "
+        "square. The ratio to busy polling is taken within each round, so the machine's "
         "drift over seconds and minutes, which spreads the rounds of the tables above, falls "
         "on both sides of it. Each cell: awaits/s, median [min-max] over the rounds, and in "
         "brackets the ratio to busy polling, median [min-max] over the rounds (the trio rows "
@@ -380,6 +472,110 @@ def _signal_table(signal: dict[str, Any]) -> list[str]:
     return lines
 
 
+def curve_table(curve: dict[str, Any]) -> list[str]:
+    """The curve section: per loop, a row per kernel length."""
+    loops = curve.get("loops", {})
+    if not loops:
+        return []
+    lines = [
+        "",
+        "## Wake latency and CPU against the kernel's length",
+        "",
+        "For each kernel length, on each loop, rounds of one wait per approach (in the order "
+        "of a balanced Latin square, each approach on a stream of its own) for about "
+        "a quarter of a second per approach, 60 rounds at least. Each cell: the median and "
+        "p99 of the per-round differences to blocking `cuStreamSynchronize` (the reference, "
+        "measured in the same round), in microseconds, and the CPU the process used while the "
+        "approach waited (CPU time of all threads over the wall time of its waits), in % of "
+        "one core. *event thread* is a thread blocked in `cuEventSynchronize` on an event "
+        "created with the blocking-sync flag, which then wakes the loop: the floor for any "
+        "approach that does not spin.",
+    ]
+    names = ("aiocudasem", "aiocudasem_parked", "poll0", "event_thread")
+    heads = ("aiocudasem", "aiocudasem, spinning off", "busy polling", "event thread")
+    for loop, by_length in loops.items():
+        lengths = [k for k in by_length if k != "labels"]
+        lines += [
+            "",
+            f"### {loop}",
+            "",
+            "| kernel | blocking sync: median, p99; CPU | "
+            + " | ".join(f"{h}: + median / + p99; CPU" for h in heads)
+            + " |",
+            "|---|---|" + "---|" * len(heads),
+        ]
+        for length in lengths:
+            figs = by_length[length]
+            sync = figs.get("sync", {})
+            cells = [
+                f"{_us(sync.get('median_us'))}, {_us(sync.get('p99_us'))} us; "
+                f"{_cpu(sync.get('cpu_pct'))}"
+            ]
+            for name in names:
+                f = figs.get(name)
+                if not f:
+                    cells.append("n/a")
+                    continue
+                cells.append(
+                    f"{_us(f.get('over_sync_median_us'), '+.1f')} / "
+                    f"{_us(f.get('over_sync_p99_us'), '+.1f')} us; {_cpu(f.get('cpu_pct'))}"
+                )
+            lines.append(f"| {_length(length)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _us(x: float | None, spec: str = ".1f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def _cpu(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:.1f} %" if x < 10 else f"{x:.0f} %"
+
+
+def _length(us: str) -> str:
+    """A kernel length in microseconds, as 100 us or 3 ms."""
+    x = float(us)
+    return f"{x / 1000:g} ms" if x >= 1000 else f"{x:g} us"
+
+
+def service_table(service: dict[str, Any]) -> list[str]:
+    """The service section: a row per loop, request count and approach."""
+    loops = service.get("loops", {})
+    if not loops:
+        return []
+    rows = []
+    for loop, by_n in loops.items():
+        for n, by_ap in by_n.items():
+            for entry in by_ap.values():
+                f = summarize_service(entry)
+                rows.append(
+                    f"| {loop} | {int(n):,} | {entry['label']} "
+                    f"| {spread(f.get('requests_per_s'))} "
+                    f"| {spread(f.get('p50_ms'), '.2f')} / {spread(f.get('p99_ms'), '.2f')} ms "
+                    f"| {spread(f.get('cpu_pct'))} % | {spread(f.get('other_work_per_s'))} |"
+                )
+    return [
+        "",
+        "## A busy service",
+        "",
+        "N concurrent requests, each launching a kernel of a random length, 0.1-2 ms (seeded: "
+        "every approach gets the same lengths), on one of a pool of 16 streams and awaiting it "
+        "through an event recorded behind it, while one more task does about 50 us of pure "
+        "Python work and yields, over and over: the loop's other work. Each round runs every "
+        "approach for a fixed time after a short warm-up; each cell is the median round "
+        "[lowest-highest]. Latency is from the launch to the await returning; CPU is the "
+        "process's CPU time over the window (all threads), in % of one core; the other work "
+        "is its passes per second.",
+        "",
+        "| loop | requests | approach | requests/s | latency, p50 / p99 | CPU "
+        "| other work, passes/s |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+    ]
+
+
 def markdown(
     results: dict[str, Any],
     meta: dict[str, Any],
@@ -387,26 +583,49 @@ def markdown(
     signal: dict[str, Any] | None = None,
     paired: dict[str, Any] | None = None,
     plot_link: str = "latency.png",
+    curve: dict[str, Any] | None = None,
+    service: dict[str, Any] | None = None,
+    no_curve_plot: str | None = None,
+    curve_link: str = "curve.png",
 ) -> str:
     """The page. ``no_plot``: why there is no latency.png (then the page says so and links
     none); ``None``: link the plot, at ``plot_link`` (by default beside the page). ``signal``:
     the host-signal figures, if they were measured. ``paired``: the paired throughput rounds
-    (``Bench.paired``)."""
-    sums = {n: summarize(e) for n, e in results.items() if n != "trio"}
-    lines = _header(meta) + _main_table(results, sums) + _crowd_table(results, sums)
-    lines += _split_table(results, sums, meta.get("devices", 2))
-    if "trio" in results:
-        lines += _trio_table(results["trio"])
-    elif "trio_not_measured" in meta:
-        lines += ["", "## trio", "", f"Not measured: {meta['trio_not_measured']}."]
+    (``Bench.paired``). ``curve``, ``service``: those sections, if they ran; ``no_curve_plot``
+    and ``curve_link`` are to curve.png what ``no_plot`` and ``plot_link`` are to
+    latency.png. A section that did not run has no table."""
+    by_loop = loop_entries(results)
+    lines = _header(meta)
+    if "asyncio" in by_loop:
+        entries = by_loop["asyncio"]
+        sums = summaries(entries)
+        lines += _main_table(entries, sums) + _crowd_table(entries, sums)
+        lines += _split_table(entries, sums, meta.get("devices", 2))
+    for loop in LOOP_KEYS:
+        if loop in by_loop:
+            lines += _loop_section(loop, by_loop[loop])
+    for loop in LOOP_KEYS:
+        if f"{loop}_not_measured" in meta:
+            lines += ["", f"## {loop}", "", f"Not measured: {meta[f'{loop}_not_measured']}."]
     if paired:
         lines += paired_table(paired, results)
+    if curve:
+        lines += curve_table(curve)
+        if no_curve_plot is None:
+            lines += ["", f"![wake latency and CPU against the kernel's length]({curve_link})"]
+        else:
+            lines += ["", f"(No curve plot: {no_curve_plot}.)"]
+    if service:
+        lines += service_table(service)
     if signal is not None:
         lines += _signal_table(signal)
-    if no_plot is None:
-        lines += ["", f"![latency distributions]({plot_link})", ""]
+    if by_loop:
+        if no_plot is None:
+            lines += ["", f"![latency distributions]({plot_link})", ""]
+        else:
+            lines += ["", f"(No latency plot: {no_plot}.)", ""]
     else:
-        lines += ["", f"(No latency plot: {no_plot}.)", ""]
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -427,14 +646,12 @@ def summary_lines(
     other approach measured) and its paired ratio to busy polling on 8 streams, over those of
     blocking sync and busy polling; then the host-signal medians."""
     tag = "SIMULATED device, not GPU figures; " if meta["simulated"] else ""
-    lines = [
-        f"summary ({tag}medians over {rounds_text(meta.get('repeats', 1))}):",
-        f"  {'loop':<8} {'approach':<18} {'wake, 100 us kernel':<21} awaits/s, 1 / 8 streams",
-    ]
-    loops = {"asyncio": {n: e for n, e in results.items() if n != "trio"}}
-    if "trio" in results:
-        loops["trio"] = results["trio"]
-    for loop, entries in loops.items():
+    lines = [f"summary ({tag}medians over {rounds_text(meta.get('repeats', 1))}):"]
+    if loop_entries(results):
+        lines.append(
+            f"  {'loop':<8} {'approach':<18} {'wake, 100 us kernel':<21} awaits/s, 1 / 8 streams"
+        )
+    for loop, entries in loop_entries(results).items():
         sums = {n: summarize(e) for n, e in entries.items() if "error" not in e and e.get("runs")}
         first = next((n for n in HEADLINES if n in sums), None) or next(
             (n for n in sums if n not in BESIDE), None
@@ -472,18 +689,26 @@ def _median(figures: dict[str, Any], name: str) -> float | None:
 NO_MATPLOTLIB = "matplotlib is not installed; pip install 'aiocudasem[bench]' installs it"
 
 
-def plot(results: dict[str, Any], path: Path, sim: bool) -> str | None:
-    """Write the latency plot to ``path``. Returns ``None`` if it did, else why not."""
+def _pyplot() -> tuple[Any, str | None]:
+    """matplotlib's pyplot, drawing to files, or None and why not."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return NO_MATPLOTLIB
+        return None, NO_MATPLOTLIB
     except Exception as exc:  # a broken installation: the run's figures still count
-        return f"matplotlib failed to load ({type(exc).__name__}: {exc})"
-    names = [n for n, e in results.items() if n != "trio" and e.get("runs")]
+        return None, f"matplotlib failed to load ({type(exc).__name__}: {exc})"
+    return plt, None
+
+
+def plot(results: dict[str, Any], path: Path, sim: bool) -> str | None:
+    """Write the latency plot to ``path``. Returns ``None`` if it did, else why not."""
+    plt, why = _pyplot()
+    if why is not None:
+        return why
+    names = [n for n, e in results.items() if n not in LOOP_KEYS and e.get("runs")]
     data = [[x for r in results[n]["runs"] for x in r["latency_100us"]] for n in names]
     fig, ax = plt.subplots(figsize=(10, 0.5 * len(names) + 1.5))
     ax.boxplot(data, vert=False, showfliers=False, whis=(1, 99))
@@ -493,6 +718,70 @@ def plot(results: dict[str, Any], path: Path, sim: bool) -> str | None:
         "wake latency for a 100 us kernel, all rounds, us (box: quartiles, whiskers: p1-p99)"
     )
     ax.set_title("Wake latency per approach" + (" (SIMULATED device)" if sim else ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+#: The curve plot's lines: approach, label.
+CURVE_LINES = (
+    ("aiocudasem", "aiocudasem"),
+    ("aiocudasem_parked", "aiocudasem, spinning off"),
+    ("poll0", "busy polling"),
+    ("event_thread", "event thread (floor without spinning)"),
+)
+
+
+def plot_curve(curve: dict[str, Any], path: Path, sim: bool) -> str | None:
+    """Write the curve's plot to ``path``: per loop, the median over sync against the kernel's
+    length (top) and the CPU while waiting (bottom). Returns ``None`` if it did, else why
+    not."""
+    plt, why = _pyplot()
+    if why is not None:
+        return why
+    loops = curve.get("loops", {})
+    fig, axes = plt.subplots(
+        2, max(1, len(loops)), figsize=(4.5 * max(1, len(loops)) + 1, 7), squeeze=False
+    )
+    for col, (loop, by_length) in enumerate(loops.items()):
+        lengths = [k for k in by_length if k != "labels"]
+        xs = [float(k) for k in lengths]
+        top, bottom = axes[0][col], axes[1][col]
+        for name, label in CURVE_LINES:
+            figs = [by_length[k].get(name, {}) for k in lengths]
+            over = [f.get("over_sync_median_us") for f in figs]
+            cpu = [f.get("cpu_pct") for f in figs]
+            if any(v is not None for v in over):
+                top.plot(xs, [float("nan") if v is None else v for v in over], "o-", label=label)
+            if any(v is not None for v in cpu):
+                bottom.plot(
+                    xs,
+                    [float("nan") if v is None else max(v, 0.01) for v in cpu],
+                    "o-",
+                    label=label,
+                )
+        sync_cpu = [by_length[k].get("sync", {}).get("cpu_pct") for k in lengths]
+        bottom.plot(
+            xs,
+            [float("nan") if v is None else max(v, 0.01) for v in sync_cpu],
+            "k--",
+            label="blocking sync",
+        )
+        top.set_xscale("log")
+        top.set_yscale("symlog", linthresh=10)
+        top.axhline(0, color="grey", linewidth=0.8)
+        top.set_title(loop)
+        top.set_ylabel("wake latency over blocking sync, median, us")
+        bottom.set_xscale("log")
+        bottom.set_yscale("log")
+        bottom.set_xlabel("kernel length, us")
+        bottom.set_ylabel("CPU while waiting, % of a core")
+    axes[0][0].legend(fontsize="small")
+    axes[1][0].legend(fontsize="small")
+    fig.suptitle(
+        "Wake latency and CPU against the kernel's length" + (" (SIMULATED device)" if sim else "")
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
