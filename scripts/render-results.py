@@ -11,11 +11,14 @@ rounds and the approaches' labels. Neither the package nor a GPU is needed.
 
 Two blocks:
 
-- **results**: one small table per event loop (asyncio, trio; uvloop is named as not
-  benchmarked unless the file has it): wake latency inside the spin window and when parked,
-  throughput against busy polling in the paired rounds, CPU while parked against a bare C host
-  function, and GPU time per await on the work stream.
-- **results-detail**: every approach of the run, the crowds and the host-signal figures.
+- **results**: one small table per event loop (asyncio, trio, uvloop; a loop the file lacks is
+  named as not measured): wake latency inside the spin window and when parked (over blocking
+  sync, paired round by round where the file has it), throughput against busy polling in the
+  paired rounds, CPU while parked against a bare C host function, and GPU time per await on the
+  work stream.
+- **results-detail**: every approach of the run on each loop, the crowds, the latency curve
+  against the kernel's length and the busy service (where the file has them), and the
+  host-signal figures.
 
 ``--write`` replaces the text between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` in
 README.md (the results block) and docs/performance.md (both blocks), and fails if a page lacks
@@ -43,6 +46,8 @@ PAGES: dict[str, tuple[str, ...]] = {
 }
 #: aiocudasem's stall figure is the GPU time of this many (kernel + notification) pairs.
 STALL_AWAITS = 100
+#: The keys of a results file's summary that are not asyncio's approaches.
+NOT_APPROACHES = ("trio", "uvloop", "signal", "paired", "service")
 
 Fig = dict[str, float] | None
 
@@ -82,7 +87,8 @@ def spread(fig: Fig, spec: str = ".1f", unit: str = "", scale: float = 1.0) -> s
     m, lo, hi = (fmt(fig[k] * scale, spec) for k in ("median", "min", "max"))
     if fig.get("runs", 2) == 1 or lo == hi:
         return f"{m}{unit}"
-    return f"{m}{unit} [{lo}-{hi}]"
+    # Signed figures: "to", where a minus sign would read as the dash.
+    return f"{m}{unit} [{lo} to {hi}]" if spec.startswith("+") else f"{m}{unit} [{lo}-{hi}]"
 
 
 def rate(x: float | None) -> str:
@@ -178,7 +184,7 @@ def gpu_us(x: float | None) -> str:
 def loop_table(data: dict[str, Any], loop: str) -> list[str]:
     summary = data["summary"]
     sums: dict[str, Any] = (
-        {k: v for k, v in summary.items() if k not in ("trio", "signal", "paired", "uvloop")}
+        {k: v for k, v in summary.items() if k not in NOT_APPROACHES}
         if loop == "asyncio"
         else summary.get(loop, {})
     )
@@ -186,14 +192,19 @@ def loop_table(data: dict[str, Any], loop: str) -> list[str]:
     sync = med(sums.get("sync", {}).get("wake_us"))
     rows = ["| figure | aiocudasem | compared with |", "|---|---|---|"]
 
-    def over_sync(fig: Fig) -> str:
-        m = med(fig)
+    def over_sync(figs: dict[str, Any]) -> str:
+        """The paired difference to sync, round by round, where the file has it; else the
+        difference of the medians."""
+        paired = figs.get("wake_over_sync_us")
+        if paired:
+            return f" ({spread(paired, '+.1f', ' us')} over blocking sync, paired rounds)"
+        m = med(figs.get("wake_us"))
         return "" if m is None or sync is None else f" ({signed(m - sync)} over blocking sync)"
 
     wake = mine.get("wake_us")
     rows.append(
         f"| wake latency, 100 us kernel, inside the spin window | {spread(wake, unit=' us')}"
-        f"{over_sync(wake)} | blocking `cuStreamSynchronize`, which freezes the loop: "
+        f"{over_sync(mine)} | blocking `cuStreamSynchronize`, which freezes the loop: "
         f"{spread(sums.get('sync', {}).get('wake_us'), unit=' us')}; busy polling: "
         f"{spread(sums.get('poll0', {}).get('wake_us'), unit=' us')} |"
     )
@@ -202,8 +213,8 @@ def loop_table(data: dict[str, Any], loop: str) -> list[str]:
         bare = spread(sums.get("c_workstream", {}).get("wake_us"), unit=" us")
         rows.append(
             f"| wake latency, 100 us kernel, parked (spinning off) | "
-            f"{spread(parked, unit=' us')}{over_sync(parked)} | a bare C host function with "
-            f"an eventfd, no library: {bare} |"
+            f"{spread(parked, unit=' us')}{over_sync(sums['aiocudasem_parked'])} | a bare C host "
+            f"function with an eventfd, no library: {bare} |"
         )
     else:
         rows.append(f"| wake latency, parked (spinning off) | not measured on {loop} | |")
@@ -261,7 +272,7 @@ def results_block(data: dict[str, Any]) -> str:
             "",
             "### uvloop",
             "",
-            "Not yet benchmarked: `aiocudasem bench` measures asyncio's own loop and trio. The "
+            "Not measured in this run (uvloop was not installed, or the run left it out). The "
             "test suite runs every async test on asyncio with uvloop too.",
         ]
     return "\n".join(lines)
@@ -282,7 +293,7 @@ def detail_block(data: dict[str, Any]) -> str:
         "|---|---|---|---|---|",
     ]
     for name, f in summary.items():
-        if name in ("trio", "signal", "paired", "uvloop"):
+        if name in NOT_APPROACHES:
             continue
         entry = results.get(name, {})
         if "error" in entry or not f:
@@ -292,7 +303,10 @@ def detail_block(data: dict[str, Any]) -> str:
             )
             continue
         wake, m = f.get("wake_us"), med(f.get("wake_us"))
-        plus = "" if m is None or sync is None else f" ({signed(m - sync)})"
+        if f.get("wake_over_sync_us"):
+            plus = f" ({spread(f['wake_over_sync_us'], '+.1f')})"
+        else:
+            plus = "" if m is None or sync is None else f" ({signed(m - sync)})"
         lines.append(
             f"| {label(name, results)} | {spread(wake)}{plus}; "
             f"{spread(f.get('wake_p99_us'), '.0f')} "
@@ -300,30 +314,12 @@ def detail_block(data: dict[str, Any]) -> str:
             f"| {cpu(f.get('cpu_parked'))} "
             f"| {gpu_us(per_await_us(summary, name)) if name != 'sync' else 'the floor'} |"
         )
-    trio = summary.get("trio", {})
-    if trio:
-        tsync = med(trio.get("sync", {}).get("wake_us"))
-        lines += [
-            "",
-            "#### Every approach, trio",
-            "",
-            "| approach | wake latency, 100 us kernel (us): median (+ over sync); p99 "
-            "| awaits/s, 1 / 8 streams |",
-            "|---|---|---|",
-        ]
-        for name, f in trio.items():
-            m = med(f.get("wake_us"))
-            plus = "" if m is None or tsync is None else f" ({signed(m - tsync)})"
-            lines.append(
-                f"| {label(name, results.get('trio', {}))} "
-                f"| {spread(f.get('wake_us'))}{plus}; "
-                f"{spread(f.get('wake_p99_us'), '.0f')} "
-                f"| {rate(med(f.get('awaits_per_s_1')))} / {rate(med(f.get('awaits_per_s_8')))} |"
-            )
+    for loop in ("uvloop", "trio"):
+        lines += loop_detail(data, loop)
     crowd = [
         (name, f)
         for name, f in summary.items()
-        if name not in ("trio", "signal", "paired", "uvloop") and f and "many_p50_ms" in f
+        if name not in NOT_APPROACHES and f and "many_p50_ms" in f
     ]
     if crowd:
         lines += [
@@ -343,6 +339,7 @@ def detail_block(data: dict[str, Any]) -> str:
                 f"| {spread(f.get('many_p99_ms'))} | {spread(f.get('parked_p50_ms'))} "
                 f"| {spread(f.get('parked_p99_ms'))} |"
             )
+    lines += curve_detail(data) + service_detail(data)
     signal = summary.get("signal", {})
     if signal:
         lines += [
@@ -362,6 +359,128 @@ def detail_block(data: dict[str, Any]) -> str:
             )
             lines.append(f"| {label(name, data.get('signal', {}))} | {median} | {p99} |")
     return "\n".join(lines)
+
+
+def loop_detail(data: dict[str, Any], loop: str) -> list[str]:
+    """Every approach measured on ``loop`` (uvloop, trio), as on asyncio."""
+    sums = data["summary"].get(loop, {})
+    if not sums:
+        return []
+    table = data.get("results", {}).get(loop, {})
+    base = med(sums.get("sync", {}).get("wake_us"))
+    lines = [
+        "",
+        f"#### Every approach, {loop}",
+        "",
+        "| approach | wake latency, 100 us kernel (us): median (+ over sync); p99 "
+        "| awaits/s, 1 / 8 streams | CPU while parked | work-stream GPU time per await |",
+        "|---|---|---|---|---|",
+    ]
+    for name, f in sums.items():
+        paired, m = f.get("wake_over_sync_us"), med(f.get("wake_us"))
+        if paired:
+            plus = f" ({spread(paired, '+.1f')})"
+        else:
+            plus = "" if m is None or base is None else f" ({signed(m - base)})"
+        lines.append(
+            f"| {table.get(name, {}).get('label', name)} "
+            f"| {spread(f.get('wake_us'))}{plus}; {spread(f.get('wake_p99_us'), '.0f')} "
+            f"| {rate(med(f.get('awaits_per_s_1')))} / {rate(med(f.get('awaits_per_s_8')))} "
+            f"| {cpu(f.get('cpu_parked'))} "
+            f"| {gpu_us(per_await_us(sums, name)) if name != 'sync' else 'the floor'} |"
+        )
+    return lines
+
+
+#: The curve's columns: approach, heading.
+CURVE_COLUMNS = (
+    ("aiocudasem", "aiocudasem"),
+    ("aiocudasem_parked", "spinning off"),
+    ("poll0", "busy polling"),
+    ("event_thread", "event thread (floor without spinning)"),
+)
+
+
+def _length(us: str) -> str:
+    x = float(us)
+    return f"{x / 1000:g} ms" if x >= 1000 else f"{x:g} us"
+
+
+def _pct(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{fmt(x, '.1f')} %" if x < 10 else f"{fmt(x, '.0f')} %"
+
+
+def curve_detail(data: dict[str, Any]) -> list[str]:
+    """The curve: per loop, a row per kernel length; each cell the median / p99 of the paired
+    differences to blocking sync, and the CPU while waiting."""
+    loops = data.get("curve", {}).get("loops", {})
+    if not loops:
+        return []
+    lines = [
+        "",
+        "#### Wake latency and CPU against the kernel's length",
+        "",
+        "Each cell: the median / p99 of the per-round differences to blocking sync, in "
+        "microseconds, and the CPU while waiting, in % of one core.",
+    ]
+    for loop, by_length in loops.items():
+        lines += [
+            "",
+            f"##### {loop}",
+            "",
+            "| kernel | blocking sync, median; CPU | "
+            + " | ".join(head for _, head in CURVE_COLUMNS)
+            + " |",
+            "|---|---|" + "---|" * len(CURVE_COLUMNS),
+        ]
+        for length, figs in by_length.items():
+            if length == "labels":
+                continue
+            sync = figs.get("sync", {})
+            cells = [f"{fmt(sync['median_us'], '.1f')} us; {_pct(sync.get('cpu_pct'))}"]
+            for name, _ in CURVE_COLUMNS:
+                f = figs.get(name)
+                if not f or f.get("over_sync_median_us") is None:
+                    cells.append("n/a")
+                    continue
+                cells.append(
+                    f"{signed(f['over_sync_median_us'])} / {signed(f['over_sync_p99_us'])} us; "
+                    f"{_pct(f.get('cpu_pct'))}"
+                )
+            lines.append(f"| {_length(length)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def service_detail(data: dict[str, Any]) -> list[str]:
+    """The busy service: a row per loop, request count and approach."""
+    loops = data["summary"].get("service", {})
+    if not loops:
+        return []
+    labels = data.get("service", {}).get("loops", {})
+    lines = [
+        "",
+        "#### A busy service",
+        "",
+        "N concurrent requests, each awaiting a kernel of 0.1-2 ms on a pool of 16 streams, "
+        "while the loop runs other Python work (about 50 us per pass).",
+        "",
+        "| loop | requests | approach | requests/s | latency, p50 / p99 | CPU "
+        "| other work, passes/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for loop, by_n in loops.items():
+        for n, by_ap in by_n.items():
+            for name, f in by_ap.items():
+                label = labels.get(loop, {}).get(n, {}).get(name, {}).get("label", name)
+                lines.append(
+                    f"| {loop} | {int(n):,} | {label} | {spread(f.get('requests_per_s'), '.0f')} "
+                    f"| {spread(f.get('p50_ms'), '.2f')} / {spread(f.get('p99_ms'), '.2f', ' ms')} "
+                    f"| {spread(f.get('cpu_pct'), '.0f', ' %')} "
+                    f"| {spread(f.get('other_work_per_s'), '.0f')} |"
+                )
+    return lines
 
 
 BLOCKS = {"results": results_block, "results-detail": detail_block}

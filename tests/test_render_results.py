@@ -94,7 +94,7 @@ def test_it_renders_one_table_per_loop(results_file: Path) -> None:
     assert "Measured 2030-01-02 03:04 UTC on one Test GPU (driver 999.1)" in out
     for loop in ("### asyncio", "### trio", "### uvloop"):
         assert loop in out
-    assert "Not yet benchmarked" in out.split("### uvloop", 1)[1]
+    assert "Not measured in this run" in out.split("### uvloop", 1)[1]
     asyncio = out.split("### asyncio", 1)[1].split("### trio", 1)[0]
     assert "102.5 us [101.0-110.0] (+2.5 over blocking sync)" in asyncio
     assert "180.0 us (+80.0 over blocking sync)" in asyncio  # parked
@@ -150,3 +150,61 @@ def test_write_refuses_a_page_without_markers(results_file: Path, tmp_path: Path
     script = load_script()
     with pytest.raises(SystemExit, match=r"README\.md: needs one <!-- results:begin -->"):
         script.write(script.load(results_file), root)
+
+
+def test_it_renders_uvloop_the_paired_latency_the_curve_and_the_service() -> None:
+    script = load_script()
+    data = results()
+    summary = data["summary"]
+    summary["aiocudasem"]["wake_over_sync_us"] = fig(2.0, 1.0, 3.0)
+    summary["uvloop"] = {
+        "sync": {"wake_us": fig(105.0), "stall_ms": fig(5.0)},
+        "aiocudasem": {
+            "wake_us": fig(108.0),
+            "wake_over_sync_us": fig(2.5, -1.0, 4.0),
+            "cpu_parked": fig(0.001),
+            "stall_ms": fig(5.2),
+        },
+    }
+    data["curve"] = {
+        "lengths_us": [10.0, 3000.0],
+        "loops": {
+            "asyncio": {
+                "labels": {},
+                "10": {
+                    "sync": {"median_us": 20.0, "cpu_pct": 100.0},
+                    "aiocudasem": {
+                        "over_sync_median_us": 1.25,
+                        "over_sync_p99_us": 9.0,
+                        "cpu_pct": 99.0,
+                    },
+                },
+                "3000": {
+                    "sync": {"median_us": 3010.0, "cpu_pct": 100.0},
+                    "event_thread": {
+                        "over_sync_median_us": 50.0,
+                        "over_sync_p99_us": 80.0,
+                        "cpu_pct": 0.5,
+                    },
+                },
+            }
+        },
+    }
+    summary["service"] = {
+        "trio": {"1000": {"poll0": {"requests_per_s": fig(9000.0), "cpu_pct": fig(100.0)}}}
+    }
+    data["service"] = {"loops": {"trio": {"1000": {"poll0": {"label": "polling", "runs": []}}}}}
+    out = script.results_block(data)
+    uvloop = out.split("### uvloop", 1)[1]
+    assert "108.0 us (+2.5 us [-1.0 to +4.0] over blocking sync, paired rounds)" in uvloop
+    assert "+2.0 us [+1.0 to +3.0] over blocking sync, paired rounds" in out.split("### trio")[0]
+    assert "| +2.0 us |" in uvloop  # (5.2 - 5.0) ms over 100 awaits
+    detail = script.detail_block(data)
+    curve = detail.split("#### Wake latency and CPU against the kernel's length", 1)[1]
+    assert "| 10 us | 20.0 us; 100 % | +1.3 / +9.0 us; 99 % | n/a | n/a | n/a |" in curve
+    assert "| 3 ms | 3010.0 us; 100 % | n/a | n/a | n/a | +50.0 / +80.0 us; 0.5 % |" in curve
+    service = detail.split("#### A busy service", 1)[1]
+    assert "| trio | 1,000 | polling | 9000 | n/a / n/a | 100 % | n/a |" in service
+    assert "#### Every approach, uvloop" in detail
+    # A file without them renders as before.
+    assert "#### A busy service" not in script.detail_block(results())
