@@ -87,6 +87,8 @@ typedef struct {
     int unspun;       /* waits that did not spin since the last that did */
     double expect;    /* the predicted duration of a long wait, in seconds; < 0: none yet */
     double jitter;    /* the mean error of that prediction, in seconds */
+    double lead;      /* how long before the predicted end its alarm is set; 0: not learnt */
+    double spun;      /* a moving average of the spins after its alarms, in seconds */
     char closed;      /* the stream is closed (Stream._claim()): the wait raises after its checkpoint */
 } HistoryObject;
 

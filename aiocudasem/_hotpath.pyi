@@ -45,6 +45,8 @@ class History:
     unspun: int
     expect: float
     jitter: float
+    lead: float
+    spun: float
     closed: bool
     def __init__(self) -> None: ...
     def learn(self, took: float, /) -> None: ...

@@ -20,6 +20,8 @@ static PyObject *History_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     h->unspun = 0;
     h->expect = -1.0;
     h->jitter = 0.0;
+    h->lead = 0.0;
+    h->spun = 0.0;
     h->closed = 0;
     return (PyObject *)h;
 }
@@ -97,6 +99,12 @@ static PyMemberDef History_members[] = {
      "seconds; < 0: none yet. The wake-ahead of parked waits (_notifier/_ahead.py) keeps it."},
     {"jitter", T_DOUBLE, offsetof(HistoryObject, jitter), 0,
      "The mean error of `expect`, in seconds (_notifier/_ahead.py keeps it)."},
+    {"lead", T_DOUBLE, offsetof(HistoryObject, lead), 0,
+     "How long before the predicted end a parked wait's alarm is set, in seconds; 0: not "
+     "learnt yet (_notifier/_ahead.py keeps it)."},
+    {"spun", T_DOUBLE, offsetof(HistoryObject, spun), 0,
+     "A moving average of how long waits spun after their alarms, in seconds "
+     "(_notifier/_ahead.py keeps it)."},
     {"closed", T_BOOL, offsetof(HistoryObject, closed), 0,
      "True once the stream is closed or detached (Stream._claim() sets it): a wait past its "
      "first checkpoint then raises instead of querying the handle (wait_complete()). A plain field, "

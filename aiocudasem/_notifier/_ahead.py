@@ -3,24 +3,30 @@ spins over it, so that a wait longer than the spin limit costs a short spin rath
 parked wake-up (two sleeping threads woken by the operating system, which costs tens to
 hundreds of microseconds).
 
-The prediction is per stream, in its history (``History.expect`` and ``History.jitter``): the
-duration of its long waits, from the wait's start to the end of the work, and the mean error of
-that prediction. A parked wait of a stream whose prediction is steady sets an alarm for
-``started + expect - lead``, where the lead covers the alarm's own lateness on this loop
-(learnt too) and twice the prediction's error. Its host function is armed as always, so a
-prediction that is wrong costs nothing but the spin: work that ends early wakes the wait as a
-parked one, and work that runs past the spin parks it again.
+The prediction is per stream, in its history: ``expect``, the duration of its long waits from
+the wait's start to the work's end, and ``jitter``, that prediction's mean error; ``lead``, how
+long before the predicted end its alarm is set; ``spun``, how long its waits spin after their
+alarms. A parked wait of a stream whose prediction is steady sets an alarm for
+``started + expect - lead`` and spins from when it rings until the work ends, for at most
+``2 x jitter + 10 us`` past the predicted end and never longer than the spin limit. Its host
+function is armed as always, so a prediction that is wrong costs nothing but the spin: work that
+ends early wakes the wait as a parked one, and work that runs past the spin parks it again.
 
-What each way out teaches the prediction:
+The lead absorbs the alarm's lateness, which depends on the host and on how long the thread
+slept (a core that idles longer sleeps deeper and wakes later), hence one per stream, steered
+by what each alarm shows:
 
 =====================================  ===============================================
-the spin sees the work end             its duration, to within a query (exact)
-the first query after the alarm finds  it ended before the alarm: aim one lead earlier
-it done, or its host function woke
+the spin sees the work end             its duration, to within a query (exact); the lead
+                                       shrinks towards a spin of the error margin
+the first query after the alarm finds  it ended before that: the prediction comes down to
+it done, or its host function woke     the time seen, and the lead grows by half
 the wait before the alarm
-the spin runs out (``spin_until``)     it ends later than that: aim there
+the spin runs out                      it ends later than that: the prediction moves there
 a parked wait without an alarm         the duration plus the wake-up (an upper bound),
-                                       which the next alarm corrects; the error fades
+                                       which the next alarm corrects; the error, the spins
+                                       remembered and the lead fade, so a stream found
+                                       unsteady tries again after a few parked waits
 =====================================  ===============================================
 
 The alarm is a timer fd (``_notify.Alarm``), watched by the loop like the notifier's own fd:
@@ -47,15 +53,18 @@ __all__ = ("Alarms", "Doze", "learn_caught", "learn_early", "learn_late", "learn
 
 #: The alarm's lateness assumed before any was measured, in seconds.
 LATE_DEFAULT: Final = 50e-6
-#: The least lead, in seconds: the spin starts at least this long before the predicted end.
+#: The least lead, in seconds, and the margin past the predicted end that a spin covers beyond
+#: twice the prediction's error.
 LEAD_MIN: Final = 10e-6
-#: A prediction is steady enough to wake ahead on when the spin it expects is at most this
-#: share of the wait (and within the spin limit).
+#: A stream wakes ahead while its waits spin at most this share of the wait after their alarms
+#: (and within the spin limit), and its lead is at most this share of the wait.
 SPIN_SHARE: Final = 0.5
 #: The weight of each new observation in the moving averages.
 WEIGHT: Final = 0.25
-#: What a parked wait without an alarm leaves of the prediction's error.
-JITTER_FADE: Final = 0.8
+#: What a parked wait without an alarm leaves of the prediction's error, the spins and the lead.
+FADE: Final = 0.8
+#: How the lead grows when an alarm came too late.
+LEAD_GROWTH: Final = 1.5
 
 
 class Doze:
@@ -122,9 +131,9 @@ class Alarms:
         alarm = self._alarm
         return None if alarm is None or alarm.closed else alarm.fileno()
 
-    def lead(self, history: History) -> float:
-        """How long before the predicted end a wait of ``history``'s stream starts to spin."""
-        return max(LEAD_MIN, self.late + 2.0 * self.late_dev + 2.0 * history.jitter)
+    def first_lead(self) -> float:
+        """The lead of a stream's first alarm: this loop's alarms' lateness so far."""
+        return max(LEAD_MIN, self.late + 2.0 * self.late_dev)
 
     def add(self, doze: Doze) -> bool:
         """Set ``doze``'s alarm; False where no alarm can be set (see :attr:`available`)."""
@@ -215,49 +224,59 @@ def _ignore(doze: Doze) -> None:
 
 def plan(alarms: Alarms, history: History, started: float) -> tuple[float, float, float] | None:
     """When a parked wait of ``history``'s stream that began at ``started`` should wake ahead,
-    until when it may then spin, and the lead (how long before the predicted end it wakes):
-    ``(wake_at, spin_until, lead)``, or None to park only (no prediction yet, an unsteady one,
-    spinning off, or no alarm on this loop)."""
+    until when it may then spin, and the most it may spin: ``(wake_at, spin_until,
+    spin_max)``, or None to park only (no prediction yet, an unsteady one, spinning off, or no
+    alarm on this loop)."""
     expect = history.expect
     tuning = _tuning.current
-    if expect <= 0 or not tuning.wake_ahead or tuning.spin_limit <= 0 or not alarms.available:
+    limit = tuning.spin_limit
+    if expect <= 0 or not tuning.wake_ahead or limit <= 0 or not alarms.available:
         return None
-    lead = alarms.lead(history)  # before the predicted end
-    margin = 2.0 * history.jitter + LEAD_MIN  # after it
-    # The spin expected once the alarm rings (it rings about `late` after it was set for):
-    # within the spin limit, and a small share of the wait.
-    spin = lead - alarms.late + margin
-    if spin > tuning.spin_limit or spin > SPIN_SHARE * expect:
+    lead = history.lead
+    if lead <= 0:
+        lead = history.lead = alarms.first_lead()
+    if history.spun > min(limit, SPIN_SHARE * expect) or lead > SPIN_SHARE * expect:
         return None
     end = started + expect
-    return end - lead, end + margin, lead
+    return end - lead, end + 2.0 * history.jitter + LEAD_MIN, limit
 
 
-def learn_caught(history: History, took: float) -> None:
-    """The spin saw the work end ``took`` seconds after the wait began."""
+def learn_caught(history: History, took: float, spun: float) -> None:
+    """The spin saw the work end ``took`` seconds after the wait began, having spun ``spun``
+    seconds since the alarm rang: the prediction learns the duration, and the lead moves
+    towards a spin of the error margin."""
     _learn(history, took)
+    _learn_spin(history, spun)
+    target = 2.0 * history.jitter + LEAD_MIN
+    history.lead = max(LEAD_MIN, history.lead - WEIGHT * (spun - target))
 
 
-def learn_early(history: History, bound: float, lead: float) -> None:
-    """The first query after the alarm found the work done: it took at most ``bound``. Aim a
-    lead earlier than that."""
-    expect = history.expect
-    _learn(history, min(expect, bound) - lead if expect > 0 else bound)
+def learn_early(history: History, bound: float) -> None:
+    """The work was done when the wait looked, ``bound`` seconds after it began, before the
+    alarm or at its first query: the alarm came too late."""
+    if history.expect <= 0 or bound < history.expect:
+        _learn(history, bound)
+    history.lead = min(history.lead * LEAD_GROWTH + LEAD_MIN, SPIN_SHARE * history.expect)
 
 
-def learn_late(history: History, bound: float) -> None:
-    """The spin ran out ``bound`` seconds after the wait began, the work still running."""
+def learn_late(history: History, bound: float, spun: float) -> None:
+    """The spin ran out ``bound`` seconds after the wait began, after ``spun`` seconds, the
+    work still running."""
     _learn(history, max(history.expect, bound))
+    _learn_spin(history, spun)
 
 
 def learn_parked(history: History, took: float) -> None:
     """A parked wait without an alarm ended ``took`` seconds after it began, its wake-up
     included: an upper bound, which the alarms that follow correct downwards. Its error says
-    nothing of the work's (the wake-up's own varies), so the prediction's error is left to
-    fade instead: a stream found unsteady tries again after some parked waits."""
+    nothing of the work's (the wake-up's own varies), so the prediction's error, the spins
+    remembered and the lead fade instead: a stream found unsteady tries again after some parked
+    waits."""
     expect = history.expect
     history.expect = took if expect <= 0 else expect + WEIGHT * (took - expect)
-    history.jitter *= JITTER_FADE
+    history.jitter *= FADE
+    history.spun *= FADE
+    history.lead *= FADE
 
 
 def _learn(history: History, took: float) -> None:
@@ -269,3 +288,7 @@ def _learn(history: History, took: float) -> None:
     err = took - expect
     history.jitter += WEIGHT * (abs(err) - history.jitter)
     history.expect = max(expect + WEIGHT * err, 1e-6)
+
+
+def _learn_spin(history: History, spun: float) -> None:
+    history.spun += WEIGHT * (spun - history.spun)

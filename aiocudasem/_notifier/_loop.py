@@ -211,7 +211,7 @@ class Notifier(Parking):
             if point.done and point.error is None:
                 learn_parked(history, time.perf_counter() - started)
             return
-        wake_at, spin_until, lead = planned
+        wake_at, spin_until, spin_max = planned
         clock = time.perf_counter
         doze = Doze(wake_at)
         if wake_at > clock() and alarms.add(doze):
@@ -221,26 +221,28 @@ class Notifier(Parking):
                 alarms.discard(doze)
             if point.done:  # its host function (or another waiter's query) came first
                 if point.error is None:
-                    learn_early(history, clock() - started, lead)
+                    learn_early(history, clock() - started)
                 return
         if self.may_spin():
             checkpoint, query, counters = self.checkpoint, self._query, self.counters
             counters.spinning += 1
+            began = clock()
+            spin_until = min(spin_until, began + spin_max)
             first = True
             try:
                 while True:
                     if point.done or query(point):
                         if point.error is None:
-                            took = clock() - started
+                            now = clock()
                             if first:
-                                learn_early(history, took, lead)
+                                learn_early(history, now - started)
                             else:
-                                learn_caught(history, took)
+                                learn_caught(history, now - started, now - began)
                         return
                     first = False
                     now = clock()
                     if now >= spin_until:
-                        learn_late(history, now - started)
+                        learn_late(history, now - started, now - began)
                         break
                     await checkpoint()
             finally:
