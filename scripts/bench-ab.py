@@ -132,6 +132,9 @@ def main() -> int:
                 "--out",
                 str(out),
             ]
+            if (sides[label] / "aiocudasem" / "cli" / "bench" / "_curve.py").exists():
+                # A tree whose bench has sections: the A/B compares the main one only.
+                cmd[4:4] = ["--sections", "main"]
             with open(ns.out / f"{label}-{r + 1}.log", "w") as log:
                 try:
                     rc: int | str = subprocess.run(
