@@ -16,12 +16,15 @@ Two blocks:
   sync, paired round by round where the file has it), throughput against busy polling in the
   paired rounds, CPU while parked against a bare C host function, and GPU time per await on the
   work stream.
-- **results-detail**: every approach of the run on each loop, the crowds, the latency curve
-  against the kernel's length and the busy service (where the file has them), and the
-  host-signal figures.
+- **results-detail**: every approach of the run on each loop, the crowds and the host-signal
+  figures.
+- **results-curve**: the latency curve against the kernel's length and the busy service.
+
+A block whose section the file lacks (a run of ``--sections curve,service``, say) is left as it
+is, and the file's own header says which run each block comes from.
 
 ``--write`` replaces the text between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` in
-README.md (the results block) and docs/performance.md (both blocks), and fails if a page lacks
+README.md (the results block) and docs/performance.md (all three), and fails if a page lacks
 the markers.
 """
 
@@ -42,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The pages --write updates, and the blocks each one holds.
 PAGES: dict[str, tuple[str, ...]] = {
     "README.md": ("results",),
-    "docs/performance.md": ("results", "results-detail"),
+    "docs/performance.md": ("results", "results-detail", "results-curve"),
 }
 #: aiocudasem's stall figure is the GPU time of this many (kernel + notification) pairs.
 STALL_AWAITS = 100
@@ -339,7 +342,6 @@ def detail_block(data: dict[str, Any]) -> str:
                 f"| {spread(f.get('many_p99_ms'))} | {spread(f.get('parked_p50_ms'))} "
                 f"| {spread(f.get('parked_p99_ms'))} |"
             )
-    lines += curve_detail(data) + service_detail(data)
     signal = summary.get("signal", {})
     if signal:
         lines += [
@@ -483,7 +485,26 @@ def service_detail(data: dict[str, Any]) -> list[str]:
     return lines
 
 
-BLOCKS = {"results": results_block, "results-detail": detail_block}
+def curve_block(data: dict[str, Any]) -> str:
+    """The latency curve against the kernel's length and the busy service, with the run's
+    header: a run of those sections alone (``--sections curve,service``) fills this block
+    only."""
+    return "\n".join(header(data) + curve_detail(data) + service_detail(data))
+
+
+def has_main(data: dict[str, Any]) -> bool:
+    """Whether the file holds the main section's figures (the results blocks)."""
+    return any(name not in NOT_APPROACHES for name in data["summary"])
+
+
+def has_curve(data: dict[str, Any]) -> bool:
+    """Whether the file holds the curve or the service (the results-curve block)."""
+    return bool(data.get("curve", {}).get("loops") or data["summary"].get("service"))
+
+
+BLOCKS = {"results": results_block, "results-detail": detail_block, "results-curve": curve_block}
+#: Which blocks a file can fill: a block whose section the run left out keeps what it holds.
+HAS = {"results": has_main, "results-detail": has_main, "results-curve": has_curve}
 
 
 def replace(text: str, name: str, body: str, page: str) -> str:
@@ -501,7 +522,8 @@ def write(data: dict[str, Any], root: Path) -> list[str]:
         path = root / page
         text = old = path.read_text(encoding="utf-8")
         for name in names:
-            text = replace(text, name, BLOCKS[name](data), page)
+            if HAS[name](data):
+                text = replace(text, name, BLOCKS[name](data), page)
         if text != old:
             path.write_text(text, encoding="utf-8")
             changed.append(page)
@@ -521,11 +543,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     data = load(args.results)
+    if not has_main(data) and not has_curve(data):
+        raise SystemExit(f"{args.results}: no section of the benchmark that the pages show")
     if args.write:
         changed = write(data, args.root)
         print("updated: " + (", ".join(changed) if changed else "nothing (already current)"))
     else:
-        sys.stdout.write(results_block(data) + "\n\n" + detail_block(data) + "\n")
+        blocks = [BLOCKS[name](data) for name in BLOCKS if HAS[name](data)]
+        sys.stdout.write("\n\n".join(blocks) + "\n")
     return 0
 
 

@@ -142,6 +142,47 @@ def test_write_replaces_only_the_marked_blocks(results_file: Path, tmp_path: Pat
     assert script.write(data, root) == []
 
 
+def test_a_run_of_the_curve_alone_fills_only_its_block(tmp_path: Path) -> None:
+    script = load_script()
+    full = results()
+    curve_only = {
+        "meta": full["meta"],
+        "summary": {"service": {}},
+        "curve": {
+            "loops": {
+                "asyncio": {
+                    "10000": {
+                        "sync": {"median_us": 20.0, "cpu_pct": 100.0},
+                    }
+                }
+            }
+        },
+    }
+    assert not script.has_main(curve_only) and script.has_curve(curve_only)
+    assert script.has_main(full) and not script.has_curve(full)
+    root = tmp_path / "checkout"
+    (root / "docs").mkdir(parents=True)
+    page = (
+        "<!-- results:begin -->\nKEEP\n<!-- results:end -->\n"
+        "<!-- results-detail:begin -->\nKEEP TOO\n<!-- results-detail:end -->\n"
+        "<!-- results-curve:begin -->\nold curve\n<!-- results-curve:end -->\n"
+    )
+    (root / "README.md").write_text("<!-- results:begin -->\nKEEP\n<!-- results:end -->\n")
+    (root / "docs" / "performance.md").write_text(page)
+    assert script.write(curve_only, root) == ["docs/performance.md"]
+    perf = (root / "docs" / "performance.md").read_text()
+    assert "KEEP\n" in perf and "KEEP TOO" in perf and "old curve" not in perf
+    assert "#### Wake latency and CPU against the kernel's length" in perf
+    with pytest.raises(SystemExit, match="no section"):
+        script.main([str(_dump(tmp_path, {"meta": full["meta"], "summary": {}}))])
+
+
+def _dump(tmp_path: Path, data: dict[str, Any]) -> Path:
+    path = tmp_path / "empty.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
 def test_write_refuses_a_page_without_markers(results_file: Path, tmp_path: Path) -> None:
     root = tmp_path / "checkout"
     (root / "docs").mkdir(parents=True)
@@ -199,12 +240,13 @@ def test_it_renders_uvloop_the_paired_latency_the_curve_and_the_service() -> Non
     assert "108.0 us (+2.5 us [-1.0 to +4.0] over blocking sync, paired rounds)" in uvloop
     assert "+2.0 us [+1.0 to +3.0] over blocking sync, paired rounds" in out.split("### trio")[0]
     assert "| +2.0 us |" in uvloop  # (5.2 - 5.0) ms over 100 awaits
-    detail = script.detail_block(data)
+    detail = script.curve_block(data)
     curve = detail.split("#### Wake latency and CPU against the kernel's length", 1)[1]
     assert "| 10 us | 20.0 us; 100 % | +1.3 / +9.0 us; 99 % | n/a | n/a | n/a |" in curve
     assert "| 3 ms | 3010.0 us; 100 % | n/a | n/a | n/a | +50.0 / +80.0 us; 0.5 % |" in curve
     service = detail.split("#### A busy service", 1)[1]
     assert "| trio | 1,000 | polling | 9000 | n/a / n/a | 100 % | n/a |" in service
-    assert "#### Every approach, uvloop" in detail
+    assert "#### Every approach, uvloop" in script.detail_block(data)
+    assert "#### A busy service" not in script.detail_block(data)  # the curve block's
     # A file without them renders as before.
-    assert "#### A busy service" not in script.detail_block(results())
+    assert "#### A busy service" not in script.curve_block(results())
