@@ -48,7 +48,9 @@ def _load_loader() -> ctypes.CDLL:
         try:
             return ctypes.CDLL(name)
         except OSError as exc:
-            failures.append(f"{name}: {exc}")
+            # dlopen's message names the library already ("libvulkan.so.1: cannot open ...").
+            why = str(exc)
+            failures.append(why if why.startswith(name) else f"{name}: {why}")
     raise VulkanUnavailableError(
         "cannot load the Vulkan loader ("
         + "; ".join(failures)
