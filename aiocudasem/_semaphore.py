@@ -33,6 +33,9 @@ __all__ = (
 _U64: Final = 1 << 64
 _U32: Final = 1 << 32
 _NOT_SUPPORTED: Final = 801
+#: What the driver answers for an fd that is not a semaphore exported with the handle type
+#: given: CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_OPERATING_SYSTEM.
+_REJECTED_FD: Final = (1, 400, 304)
 
 
 def _platform_check(handle_type: HandleType, row: HandleInfo) -> None:
@@ -293,7 +296,8 @@ def import_semaphore(
 
     Raises ``TypeError``/``ValueError`` for bad arguments (a closed fd among them),
     :class:`UnsupportedHandleTypeError` where the platform cannot provide the type,
-    :class:`CudaError` if the driver rejects the handle, and :class:`DriverUnavailableError`
+    :class:`CudaError` if the driver rejects the handle (for an fd that is no such semaphore,
+    the message says so), and :class:`DriverUnavailableError`
     if the driver cannot run.
     """
     if isinstance(handle_type, bool) or not isinstance(handle_type, int):
@@ -320,6 +324,12 @@ def import_semaphore(
             raise UnsupportedHandleTypeError(
                 f"the {drv.name} driver cannot import {kind.name} semaphores here: {exc}",
                 exc.status,
+            ) from None
+        if exc.status in _REJECTED_FD and info(kind).passed_as == "fd":
+            raise exc._explained(
+                f"fd {handle} is not a semaphore exported as {kind.name} (from Vulkan: "
+                "vkGetSemaphoreFdKHR with the matching handleType); the fd is still yours, "
+                "open and unchanged"
             ) from None
         raise
     finally:

@@ -51,7 +51,7 @@ async def test_failed_import_leaves_the_fd_with_the_caller(sim: SimDriver) -> No
 async def test_import_of_a_foreign_fd_fails_and_keeps_it(sim: SimDriver) -> None:
     r, w = os.pipe()
     try:
-        with pytest.raises(acs.CudaError):
+        with pytest.raises(acs.CudaError, match=f"fd {r} is not a semaphore exported as OPAQUE_FD"):
             acs.import_semaphore(acs.HandleType.OPAQUE_FD, r, driver=sim)
         os.fstat(r)
     finally:
