@@ -2,12 +2,19 @@
 # Prepare a bare GPU machine, check it, and run the GPU suite, the simulated device's storm at
 # full size and the demo (with --bench, the benchmarks too), all in one call.
 #
-#   bash scripts/device.sh [--bench] [--scenarios] [--no-storm] [--smoke FILE] [-- extra pytest args]
+#   bash scripts/device.sh [--bench] [--scenarios] [--no-storm] [--smoke FILE]
+#                          [--bench-only SECTIONS] [-- extra pytest args]
 #
 #   --scenarios   run only the reliability scenarios: tests/gpu/test_reliability.py (in-process
 #                 on the three loops, plain anyio.run in fresh processes, SIGINT) and the sim storm
 #   --no-storm    leave out the simulated device's storm (it needs no GPU; CI runs it smaller)
 #   --smoke FILE  prepare the machine, then run only that Python script
+#   --bench-only SECTIONS
+#                 prepare the machine, then run only `aiocudasem bench --sections SECTIONS`
+#                 (main, curve, service, signal; comma-separated), with $BENCH_ARGS added (say
+#                 "--loops asyncio,trio --repeats 3": the main section on all three loops
+#                 takes about 11 minutes, more than one call of the device may run); its files
+#                 come back as one archive, $OUT/bench.tar.gz, and its log as $OUT/bench.log
 #   --bench       also run the benchmarks after the demo (outside the budget below: lower
 #                 DEVICE_BUDGET_S to leave them room within the device's per-call limit)
 #
@@ -22,13 +29,14 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 : > "$OUT/summary.txt"
-bench=0; smoke=""; scenarios=0; storm=1
+bench=0; smoke=""; scenarios=0; storm=1; bench_only=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --bench) bench=1; shift ;;
     --scenarios) scenarios=1; shift ;;
     --no-storm) storm=0; shift ;;
     --smoke) smoke=$2; shift 2 ;;
+    --bench-only) bench_only=$2; shift 2 ;;
     --) shift; break ;;
     *) break ;;
   esac
@@ -113,6 +121,21 @@ python3 -m aiocudasem doctor 2>&1 | tee "$OUT/doctor.txt"
 if [ -n "$smoke" ]; then
   python3 "$smoke" 2>&1 | tee "$OUT/smoke.log"
   exit $?
+fi
+
+# The benchmarks alone, within the budget; one archive of their files (the device returns a
+# limited number of files).
+if [ -n "$bench_only" ]; then
+  rm -rf "$OUT/bench"
+  # shellcheck disable=SC2086 # BENCH_ARGS is a list of arguments
+  limited "$(left)" python3 -m aiocudasem bench --driver cuda --sections "$bench_only" \
+    ${BENCH_ARGS:-} --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
+  rc=${PIPESTATUS[0]}
+  if [ -d "$OUT/bench" ]; then
+    tar -czf "$OUT/bench.tar.gz" -C "$OUT" bench && rm -rf "$OUT/bench"
+  fi
+  echo "SUMMARY: bench --sections $bench_only ${BENCH_ARGS:-}: exit $rc, ${SECONDS}s" | tee -a "$OUT/summary.txt"
+  exit "$rc"
 fi
 
 echo "== checking Vulkan against CUDA device 0"
