@@ -11,7 +11,7 @@ import anyio.lowlevel
 
 from . import _log, _release
 from ._checks import check_device, check_ordinal, resolve_driver
-from ._driver import Driver
+from ._driver import Driver, check_stream_handle, cuda_stream_handle
 from ._entries import (
     _E,
     Signal,
@@ -139,7 +139,8 @@ class Stream(OnDevice):
         ``__cuda_stream__`` that does not give a pair of ints); ``ValueError`` for a handle
         outside [0, 2**64) (a negative one included), given or from ``__cuda_stream__``, for a
         ``__cuda_stream__`` of a protocol version other than 0, or for one that raised
-        (chained as the cause); ``anyio.ClosedResourceError`` for a closed Stream;
+        (chained as the cause); ``anyio.ClosedResourceError`` for a closed Stream (and as it
+        is from a ``__cuda_stream__`` that raised it);
         :class:`CudaError` if the driver rejects the handle; and :class:`DeviceMismatchError`
         for a stream outside a primary context or a Stream of another driver than ``driver``.
         """
@@ -456,47 +457,16 @@ _HOOKS: Final = _WaitHooks()
 
 
 def _stream_handle(obj: object) -> int:
-    proto = getattr(obj, "__cuda_stream__", None)
-    if proto is not None:
-        name = type(obj).__name__
-        try:
-            value = proto() if callable(proto) else proto
-        except Exception as exc:
-            raise ValueError(
-                f"cannot use {name} as a CUDA stream: its __cuda_stream__() raised "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-        if not (
-            isinstance(value, tuple)
-            and len(value) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-        ):
-            raise TypeError(
-                f"__cuda_stream__ of {name} returned {value!r}, not a (version, handle) pair "
-                "of ints"
-            )
-        version, handle = value
-        if version != 0:
-            raise ValueError(
-                f"__cuda_stream__ of {name} returned protocol version {version}: only "
-                "version 0, (0, handle), is defined"
-            )
-        return _check_handle(
-            handle, f"__cuda_stream__ of {name} returned the handle {handle}, out of range"
-        )
+    handle = cuda_stream_handle(obj)
+    if handle is not None:
+        return handle
     if isinstance(obj, int) and not isinstance(obj, bool):
-        return _check_handle(obj, f"the stream handle {obj} is out of range")
+        return check_stream_handle(obj, f"the stream handle {obj} is out of range")
     raise TypeError(
         f"cannot use {type(obj).__name__} as a CUDA stream: pass an object with "
         "__cuda_stream__ (cuda.core, CuPy, PyTorch, Numba) or a raw CUstream handle "
         "(for example torch.cuda.Stream().cuda_stream or cupy.cuda.Stream().ptr)"
     )
-
-
-def _check_handle(handle: int, what: str) -> int:
-    if not 0 <= handle < _U64:
-        raise ValueError(f"{what}: a CUstream handle is an int in [0, 2**64)")
-    return int(handle)
 
 
 # cuStreamQuery on a capturing stream: refused (and the capture invalidated), or refused

@@ -47,8 +47,21 @@ async def test_sim_launch_names_itself_when_it_refuses_a_stream(sim: SimDriver) 
         )
         with pytest.raises(TypeError, match=r"launch\(\) takes a stream.*not bool"):
             sim.launch(True, lambda: None)
-        with pytest.raises(TypeError, match=r"returned \(1, 4\), not \(0, handle\)"):
+        # The protocol is checked as Stream.adopt() checks it: the same types and messages.
+        with pytest.raises(ValueError, match=r"launch\(\): .*returned protocol version 1"):
             sim.launch(Foreign(4, version=1), lambda: None)
+        with pytest.raises(ValueError, match=r"launch\(\): .*a CUstream handle is an int in"):
+            sim.launch(Foreign(-1), lambda: None)
+        with pytest.raises(ValueError, match=r"launch\(\): the stream handle -1 is out of"):
+            sim.launch(-1, lambda: None)
+        with pytest.raises(TypeError, match=r"launch\(\): .*not a \(version, handle\) pair"):
+            sim.launch(Foreign("4"), lambda: None)  # type: ignore[arg-type]
+        for bad in (Foreign(4, version=1), Foreign(-1), Foreign("4")):  # type: ignore[arg-type]
+            with pytest.raises((TypeError, ValueError)) as adopted:
+                acs.Stream.adopt(bad, driver=sim)
+            with pytest.raises(type(adopted.value)) as launched:
+                sim.launch(bad, lambda: None)
+            assert str(launched.value) == f"SimDriver.launch(): {adopted.value}"
         # Two simulated machines number their streams alike: the handle would be another one.
         with pytest.raises(acs.DeviceMismatchError, match=r"SimDriver\.launch\(\)"):
             sim.launch(elsewhere, lambda: None)
@@ -103,5 +116,5 @@ async def test_workloads_name_the_call_that_refused_a_stream(sim: SimDriver) -> 
             )
             with pytest.raises(acs.DeviceMismatchError, match=r"use workloads\(stream\.driver\)"):
                 call(elsewhere)
-            with pytest.raises(TypeError, match=rf"{name[:-2]}\(\): __cuda_stream__ of Foreign"):
+            with pytest.raises(ValueError, match=rf"{name[:-2]}\(\): __cuda_stream__ of Foreign"):
                 call(Foreign(3, version=2))

@@ -10,6 +10,8 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+import anyio
+
 from .._errors import DeviceMismatchError, DriverUnavailableError
 
 if TYPE_CHECKING:
@@ -21,6 +23,8 @@ __all__ = (
     "SemOp",
     "SemaphoreDesc",
     "TrackedDriver",
+    "check_stream_handle",
+    "cuda_stream_handle",
     "forked_error",
     "stream_handle",
     "track",
@@ -318,35 +322,73 @@ def unavailable(reason: str) -> DriverUnavailableError:
     )
 
 
+def cuda_stream_handle(obj: object) -> int | None:
+    """The handle that ``obj``'s ``__cuda_stream__`` gives (the CUDA stream protocol, version
+    0: ``(0, handle)``), checked; None if ``obj`` has no ``__cuda_stream__``. Raises
+    ``TypeError`` for a value that is not a pair of ints, and ``ValueError`` for another
+    version, a handle outside [0, 2**64), or a ``__cuda_stream__()`` that raised. Serves
+    ``Stream.adopt()``, the drivers and the workloads alike."""
+    proto = getattr(obj, "__cuda_stream__", None)
+    if proto is None:
+        return None
+    name = type(obj).__name__
+    try:
+        value = proto() if callable(proto) else proto
+    except anyio.ClosedResourceError:
+        raise  # a closed stream of this library (or another's) says so itself
+    except Exception as exc:
+        raise ValueError(
+            f"cannot use {name} as a CUDA stream: its __cuda_stream__() raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    if not (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        raise TypeError(
+            f"__cuda_stream__ of {name} returned {value!r}, not a (version, handle) pair of ints"
+        )
+    version, handle = value
+    if version != 0:
+        raise ValueError(
+            f"__cuda_stream__ of {name} returned protocol version {version}: only version 0, "
+            "(0, handle), is defined"
+        )
+    return check_stream_handle(
+        handle, f"__cuda_stream__ of {name} returned the handle {handle}, out of range"
+    )
+
+
+def check_stream_handle(handle: int, what: str) -> int:
+    """``handle``, a CUstream handle: an int in [0, 2**64), else ``ValueError`` after
+    ``what``."""
+    if not 0 <= handle < 1 << 64:
+        raise ValueError(f"{what}: a CUstream handle is an int in [0, 2**64)")
+    return int(handle)
+
+
 def stream_handle(where: str, stream: object, driver: object, mismatch: str) -> int:
     """The handle of ``stream`` on ``driver``: an int, or an object with ``__cuda_stream__``
     (the library's ``Stream`` is one: the drivers, below the objects, know it only by the
-    protocol). An object whose ``driver`` attribute names another driver is refused with
-    ``DeviceMismatchError``: its handle means another stream, or none, on this one (two
-    ``SimDriver`` objects number their streams alike). ``where`` names the call in the
-    messages; ``mismatch`` is that refusal's message after ``where``, with ``{owner}`` and
-    ``{driver}`` (their reprs) to fill in. Serves ``SimDriver.launch()`` and the workloads."""
+    protocol), checked as :func:`cuda_stream_handle` does. An object whose ``driver``
+    attribute names another driver is refused with ``DeviceMismatchError``: its handle means
+    another stream, or none, on this one (two ``SimDriver`` objects number their streams
+    alike). ``where`` names the call in the messages; ``mismatch`` is that refusal's message
+    after ``where``, with ``{owner}`` and ``{driver}`` (their reprs) to fill in. Serves
+    ``SimDriver.launch()`` and the workloads."""
     if isinstance(stream, int) and not isinstance(stream, bool):
-        return stream
-    proto = getattr(stream, "__cuda_stream__", None)
-    if proto is None:
+        return check_stream_handle(stream, f"{where}: the stream handle {stream} is out of range")
+    try:
+        handle = cuda_stream_handle(stream)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{where}: {exc}") from exc.__cause__
+    if handle is None:
         raise TypeError(
             f"{where} takes a stream: an aiocudasem.Stream, another object with "
             f"__cuda_stream__, or a stream handle (an int), not {type(stream).__name__}"
         )
-    value = proto() if callable(proto) else proto
-    if not (
-        isinstance(value, tuple)
-        and len(value) == 2
-        and value[0] == 0
-        and isinstance(value[1], int)
-        and not isinstance(value[1], bool)
-    ):
-        raise TypeError(
-            f"{where}: __cuda_stream__ of {type(stream).__name__} returned {value!r}, not "
-            "(0, handle)"
-        )
     owner = getattr(stream, "driver", None)
     if owner is not None and owner is not driver:
         raise DeviceMismatchError(f"{where}: " + mismatch.format(owner=owner, driver=driver))
-    return value[1]
+    return handle
