@@ -275,8 +275,8 @@ def results_block(data: dict[str, Any]) -> str:
             "",
             "### uvloop",
             "",
-            "Not measured in this run (uvloop was not installed, or the run left it out). The "
-            "test suite runs every async test on asyncio with uvloop too.",
+            "Not measured in this run. The test suite runs every async test on asyncio with "
+            "uvloop too.",
         ]
     return "\n".join(lines)
 
