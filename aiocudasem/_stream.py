@@ -57,7 +57,6 @@ __all__ = ("Event", "HandOff", "Stream", "open_stream", "wait_external_semaphore
 #: for with cuStreamQuery: an event recorded on the legacy stream also waits for the work of
 #: every blocking stream, which cuStreamQuery of it may not.
 _DEFAULT_STREAMS = 2
-_U64: Final = 1 << 64
 _WAITS_KEPT: Final = 8  # the last waits of a stream that a slow aclose() names
 
 

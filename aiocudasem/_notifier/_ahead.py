@@ -71,12 +71,11 @@ class Doze:
     """One parked wait's alarm: due at ``when`` (a ``time.perf_counter()``). ``due`` turns
     true when it fires; the parking layer then wakes the wait's coroutine (``wake``)."""
 
-    __slots__ = ("due", "fired_at", "wake", "when")
+    __slots__ = ("due", "wake", "when")
 
     def __init__(self, when: float) -> None:
         self.when = when
         self.due = False
-        self.fired_at = 0.0
         self.wake: Sleeper | None = None  # the parked coroutine's sleeper, while parked
 
 
@@ -87,7 +86,7 @@ class Alarms:
     def __init__(self, adapter: LoopAdapter) -> None:
         self._adapter: LoopAdapter | None = adapter
         # The timer fd and its watcher, made when a wait first wakes ahead: a loop that never
-        # does holds no fd for it.
+        # does holds no fd for it. None again once closed (close() drops what it closes).
         self._alarm: _notify.Alarm | None = None
         self._watcher: FdWatcher | None = None
         self._heap: list[tuple[float, int, Doze]] = []
@@ -129,7 +128,7 @@ class Alarms:
     def fileno(self) -> int | None:
         """The timer fd, once a wait has woken ahead on this loop; else None."""
         alarm = self._alarm
-        return None if alarm is None or alarm.closed else alarm.fileno()
+        return None if alarm is None else alarm.fileno()
 
     def first_lead(self) -> float:
         """The lead of a stream's first alarm: this loop's alarms' lateness so far."""
@@ -172,7 +171,7 @@ class Alarms:
 
     def _arm(self, when: float) -> None:
         alarm = self._alarm
-        if alarm is None or alarm.closed:
+        if alarm is None:
             return
         alarm.set(when - time.perf_counter())
         self._set_for = when
@@ -184,7 +183,7 @@ class Alarms:
         # it is what costs (a system task on trio).
         alarm = self._alarm
         self._set_for = None
-        if alarm is not None and not alarm.closed:
+        if alarm is not None:
             alarm.set(None)
             alarm.clear()
 
@@ -192,7 +191,7 @@ class Alarms:
         """The timer fd is readable: wake the waits whose alarms are due. Returns whether to
         keep watching: until close()."""
         alarm = self._alarm
-        if alarm is None or alarm.closed:
+        if alarm is None:
             return False
         alarm.clear()
         now = time.perf_counter()
@@ -203,7 +202,6 @@ class Alarms:
             if doze.due:
                 continue
             doze.due = True
-            doze.fired_at = now
             self.fired += 1
             if not learnt:  # the earliest one: how late the loop ran it
                 learnt = True
