@@ -26,18 +26,26 @@ HAVE_UVLOOP = importlib.util.find_spec("uvloop") is not None
 HAVE_TRIO = importlib.util.find_spec("trio") is not None
 
 
+def _bench(cwd: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``aiocudasem bench ARGS`` in a fresh interpreter, run from ``cwd`` (not the checkout:
+    the benchmark lives in the package)."""
+    return subprocess.run(
+        [sys.executable, "-m", "aiocudasem", "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
+
+
 def test_bench_repeats_interleaves_and_reports_spreads(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     only = "aiocudasem_parked,to_thread"
     args = ["--driver", "sim", "--quick", "--repeats", "2", "--only", only]
     args += ["--sections", "main,signal"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "aiocudasem", "bench", *args, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,  # not the checkout: the benchmark lives in the package
-    )
+    proc = _bench(
+        tmp_path, *args, "--out", str(out), timeout=300
+    )  # not the checkout: the benchmark lives in the package
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     # A progress line per approach per round, interleaved: round 2 starts one place later.
     steps = [line for line in proc.stdout.splitlines() if line.startswith("[")]
@@ -133,13 +141,7 @@ def test_bench_pairs_throughput_rounds_and_gives_ratios_to_polling(tmp_path: Pat
     out = tmp_path / "bench"
     args = ["--driver", "sim", "--quick", "--repeats", "1", "--only", "poll0,aiocudasem"]
     args += ["--sections", "main", "--loops", "asyncio,trio"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "aiocudasem", "bench", *args, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    proc = _bench(tmp_path, *args, "--out", str(out), timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     for loop in ("asyncio", "trio"):
         rounds = [line for line in proc.stdout.splitlines() if f"] {loop} paired round" in line]
@@ -193,25 +195,13 @@ def test_the_paired_table_puts_each_approach_in_its_own_column_on_every_loop() -
 
 
 def test_bench_refuses_bad_repeats(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "aiocudasem", "bench", "--driver", "sim", "--repeats", "0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
+    proc = _bench(tmp_path, "--driver", "sim", "--repeats", "0", timeout=60)
     assert proc.returncode == 2
     assert "--repeats must be in [1, 100]" in proc.stderr
 
 
 def test_bench_refuses_unknown_approaches(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "aiocudasem", "bench", "--driver", "sim", "--only", "sync,cupyy"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
+    proc = _bench(tmp_path, "--driver", "sim", "--only", "sync,cupyy", timeout=60)
     assert proc.returncode == 2
     assert "--only: unknown approach(es) cupyy; see --help for the names" in proc.stderr
     assert not (tmp_path / "bench-out").exists()
@@ -221,13 +211,7 @@ def test_bench_refuses_an_unwritable_out_before_measuring(tmp_path: Path) -> Non
     (tmp_path / "a-file").write_text("")
     out = tmp_path / "a-file" / "sub"
     args = ["--driver", "sim", "--quick", "--only", "sync", "--out", str(out)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "aiocudasem", "bench", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    proc = _bench(tmp_path, *args, timeout=120)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stderr == (
         f"aiocudasem bench: error: --out {out}: cannot write the results there: "
@@ -441,13 +425,7 @@ def test_bench_refuses_an_unwritable_page_before_measuring(tmp_path: Path) -> No
     (tmp_path / "a-file").write_text("")
     page = tmp_path / "a-file" / "page.md"
     args = ["--driver", "sim", "--quick", "--only", "sync", "--page", str(page)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "aiocudasem", "bench", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    proc = _bench(tmp_path, *args, timeout=120)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stderr == (
         f"aiocudasem bench: error: --page {page}: cannot write the page there: "
@@ -550,13 +528,7 @@ def test_the_curve_and_service_sections_cover_every_approach_and_loop(tmp_path: 
     loops = [loop for loop in LOOPS if missing_loop(loop_backend(loop)) is None]
     out = tmp_path / "bench"
     args = ["--driver", "sim", "--quick", "--sections", "service,curve", "--out", str(out)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "aiocudasem", "bench", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
+    proc = _bench(tmp_path, *args, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "sections: curve, service" in proc.stdout  # in the order they run
     steps = [line for line in proc.stdout.splitlines() if line.startswith("[")]
