@@ -305,18 +305,7 @@ def detail_block(data: dict[str, Any]) -> str:
                 "| | | |"
             )
             continue
-        wake, m = f.get("wake_us"), med(f.get("wake_us"))
-        if f.get("wake_over_sync_us"):
-            plus = f" ({spread(f['wake_over_sync_us'], '+.1f')})"
-        else:
-            plus = "" if m is None or sync is None else f" ({signed(m - sync)})"
-        lines.append(
-            f"| {label(name, results)} | {spread(wake)}{plus}; "
-            f"{spread(f.get('wake_p99_us'), '.0f')} "
-            f"| {rate(med(f.get('awaits_per_s_1')))} / {rate(med(f.get('awaits_per_s_8')))} "
-            f"| {cpu(f.get('cpu_parked'))} "
-            f"| {gpu_us(per_await_us(summary, name)) if name != 'sync' else 'the floor'} |"
-        )
+        lines.append(approach_row(label(name, results), name, f, summary, sync))
     for loop in ("uvloop", "trio"):
         lines += loop_detail(data, loop)
     crowd = [
@@ -379,19 +368,28 @@ def loop_detail(data: dict[str, Any], loop: str) -> list[str]:
         "|---|---|---|---|---|",
     ]
     for name, f in sums.items():
-        paired, m = f.get("wake_over_sync_us"), med(f.get("wake_us"))
-        if paired:
-            plus = f" ({spread(paired, '+.1f')})"
-        else:
-            plus = "" if m is None or base is None else f" ({signed(m - base)})"
-        lines.append(
-            f"| {table.get(name, {}).get('label', name)} "
-            f"| {spread(f.get('wake_us'))}{plus}; {spread(f.get('wake_p99_us'), '.0f')} "
-            f"| {rate(med(f.get('awaits_per_s_1')))} / {rate(med(f.get('awaits_per_s_8')))} "
-            f"| {cpu(f.get('cpu_parked'))} "
-            f"| {gpu_us(per_await_us(sums, name)) if name != 'sync' else 'the floor'} |"
-        )
+        lines.append(approach_row(table.get(name, {}).get("label", name), name, f, sums, base))
     return lines
+
+
+def approach_row(
+    label: str, name: str, f: dict[str, Any], sums: dict[str, Any], sync: float | None
+) -> str:
+    """One approach's row of an "every approach" table: its wake latency (over blocking sync,
+    paired where the file has it, else the difference of the medians to ``sync``), p99,
+    throughput, parked CPU and work-stream GPU time per await, from its summary ``f`` among
+    its loop's ``sums``."""
+    paired, m = f.get("wake_over_sync_us"), med(f.get("wake_us"))
+    if paired:
+        plus = f" ({spread(paired, '+.1f')})"
+    else:
+        plus = "" if m is None or sync is None else f" ({signed(m - sync)})"
+    return (
+        f"| {label} | {spread(f.get('wake_us'))}{plus}; {spread(f.get('wake_p99_us'), '.0f')} "
+        f"| {rate(med(f.get('awaits_per_s_1')))} / {rate(med(f.get('awaits_per_s_8')))} "
+        f"| {cpu(f.get('cpu_parked'))} "
+        f"| {gpu_us(per_await_us(sums, name)) if name != 'sync' else 'the floor'} |"
+    )
 
 
 #: The curve's columns: approach, heading.
