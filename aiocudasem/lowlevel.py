@@ -12,10 +12,13 @@ benchmarks and monitoring.
   the process-wide pools and threads, for monitoring and tests.
 - :class:`HostNotifier` is the notifier's C core on its own, for code that waits for stream
   points its own way; :data:`HOST_FUNCTION` is the address of its host function.
+- :func:`include_dir` is where the package's CUDA C headers are, for kernels that publish
+  their progress into a host timeline (``aiocudasem/progress.cuh``).
 """
 
 from __future__ import annotations
 
+from pathlib import Path as _Path
 from typing import TYPE_CHECKING
 
 from ._checks import check_uint as _check_uint
@@ -116,6 +119,16 @@ class HostNotifier(_Lifetime):
         self.close()
 
 
+def include_dir() -> str:
+    """The directory of the package's CUDA C headers, to pass to nvcc or NVRTC as an include
+    path (``-I``). ``#include <aiocudasem/progress.cuh>`` then gives a kernel
+    ``aiocudasem_publish()`` and ``aiocudasem_publish_max()``, which publish its progress into
+    a host timeline's word (``HostTimeline.handle``) while it runs, for the host to await with
+    ``HostTimeline.wait_value()``: see docs/progress.md. The headers need neither the CUDA
+    toolkit's other headers nor this package at run time."""
+    return str(_Path(__file__).resolve().parent / "include")
+
+
 __all__ = (
     "HOST_FUNCTION",
     "HostNotifier",
@@ -124,6 +137,7 @@ __all__ = (
     "SemOp",
     "SemaphoreDesc",
     "Statistics",
+    "include_dir",
     "statistics",
 )
 

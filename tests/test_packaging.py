@@ -78,6 +78,26 @@ def test_the_metadata_names_its_authors_and_links() -> None:
     assert set(installed.get_all("Project-URL", [])) == {f"{k}, {v}" for k, v in urls.items()}
 
 
+# ---------------------------------------------------------------- the CUDA C headers
+
+
+def test_the_kernel_headers_are_package_data() -> None:
+    """The headers that ``aiocudasem.lowlevel.include_dir()`` names are package data, which
+    setuptools puts in the wheel and in the sdist alike."""
+    from fnmatch import fnmatch
+
+    from aiocudasem.lowlevel import include_dir
+
+    package = ROOT / "aiocudasem"
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["aiocudasem"]
+    headers = [p.relative_to(package).as_posix() for p in (package / "include").rglob("*.cuh")]
+    assert "include/aiocudasem/progress.cuh" in headers
+    for header in headers:
+        assert any(fnmatch(header, pattern) for pattern in patterns), header
+    assert (Path(include_dir()) / "aiocudasem" / "progress.cuh").is_file()
+
+
 # ---------------------------------------------------------------- the long description
 
 # Where a Markdown or HTML link or image points: [text](target), ![alt](target),
