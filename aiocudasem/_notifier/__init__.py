@@ -45,7 +45,14 @@ from ._loop import Notifier
 from ._loops import LoopAdapter
 from ._loops._asyncio import mark_coroutine_function
 from ._points import History, Point
-from ._pools import destroy_stream, event_pool, host_wait_streams, record_pooled, side_streams
+from ._pools import (
+    destroy_stream,
+    event_pool,
+    give_back,
+    host_wait_streams,
+    record_pooled,
+    side_streams,
+)
 from ._statistics import Statistics, statistics
 from ._tuning import Tuning, configure
 from ._wake import prepare_new_stream, prepare_stream, reserve_host_wait_stream
@@ -61,6 +68,7 @@ __all__ = (
     "current_notifier",
     "destroy_stream",
     "event_pool",
+    "give_back",
     "mark_coroutine_function",
     "host_wait_streams",
     "prepare_new_stream",

@@ -6,7 +6,11 @@ waits.
 
 Parked points are chained per work stream, and only the oldest of each chain has a host
 function: streams are FIFO, so when it fires the others are checked with a query, and a crowd
-of waiters on one stream costs one host function, not one each."""
+of waiters on one stream costs one host function, not one each. The one exception is a point
+armed in its stream (:meth:`Chains.arm_in_stream`, a host stage's): its host function is on the
+work stream itself, so that it fires when the stream gets there, even though the stream then
+waits for the loop to act; on the side stream it could queue behind a later point's wait for
+that very work."""
 
 from __future__ import annotations
 
@@ -108,6 +112,32 @@ class Chains:
         if key not in self._heads:
             self._launch(point)
 
+    def arm_in_stream(self, point: Point) -> None:
+        """Arm ``point``, whose event was just recorded, with its host function launched on
+        its work stream right behind the event, whatever ``configure(wake=...)`` says: it fires
+        once the stream reaches this position. For a point that the stream itself waits for
+        once it completes (a host stage's turn, ``_stages``): a host function on the side
+        stream could queue behind the wait of a later point, whose work waits for the stage.
+        The point joins its stream's chain as any armed point, and heads it if nothing does.
+        Raises ``anyio.ClosedResourceError`` once closed, and what the launch raises
+        (``AiocudasemError``), having armed nothing."""
+        if self.closed:
+            raise anyio.ClosedResourceError("the event loop's notifier is closed")
+        drv = point.driver
+        token = next(self._tokens)
+        user = self._c.arm(token)
+        try:
+            _STRATEGIES["work_stream"].launch(drv, point.device, point.stream, point.event, user)
+        except AiocudasemError:
+            self._c.disarm(user)
+            raise
+        point.owner = self._ref
+        point.token = token
+        self._armed[token] = point
+        key = (drv, point.stream)
+        self._chains.setdefault(key, {})[point] = None
+        self._heads.setdefault(key, point)
+
     def _launch(self, point: Point) -> None:
         drv = point.driver
         token = next(self._tokens)
@@ -153,7 +183,11 @@ class Chains:
             return
         remaining.sort(key=lambda p: p.seq)
         self._chains[key] = dict.fromkeys(remaining)
-        self._launch(remaining[0])
+        first = remaining[0]
+        if first.token:  # armed in its stream already (arm_in_stream)
+            self._heads[key] = first
+        else:
+            self._launch(first)
 
     def _check_faults(self) -> None:
         """Fail every chain whose device reports a sticky error (or can no longer be used)."""

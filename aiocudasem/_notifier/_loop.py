@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import AsyncGenerator, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -60,6 +60,10 @@ class Notifier(Parking):
         # to).
         self._completed_here = 0
         self._lifetime: AsyncGenerator[None, None] | None = None
+        #: What must not outlive the loop, by a key of the caller's: each is called once, at
+        #: the start of :meth:`close`, unless its key was removed before (a host stage that
+        #: its task never ran, which releases its position on the stream there).
+        self.at_close: dict[object, Callable[[], None]] = {}
         _live_notifiers.add(self)
 
     def fileno(self) -> int:
@@ -125,12 +129,16 @@ class Notifier(Parking):
         self._lifetime = agen
 
     def close(self) -> None:
-        """Release the loop's fd and forget every point. Idempotent. Host functions still in
-        flight keep the C state (not the fd) alive until they return. Points armed here may be
-        awaited again from another loop afterwards; their abandoned pooled events go back."""
+        """Release the loop's fd and forget every point, after the calls of :attr:`at_close`.
+        Idempotent. Host functions still in flight keep the C state (not the fd) alive until
+        they return. Points armed here may be awaited again from another loop afterwards; their
+        abandoned pooled events go back."""
         if self.closed:
             return
         self.closed = True
+        at_close, self.at_close = self.at_close, {}
+        for call in at_close.values():
+            call()
         self.serves_running_loop = never  # drops the token: the finished loop is not kept
         self.ready_queue = None
         self.loop.forget()

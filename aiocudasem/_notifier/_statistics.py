@@ -33,7 +33,8 @@ class Statistics:
     #: before the loop reads the fd costs one.
     wakeups: int = 0
     #: Points whose host function this loop armed and whose completion it has not collected
-    #: yet (at most one per work stream). An abandoned wait's point counts until the loop
+    #: yet (one per work stream, and one per pending host stage besides, whose host function
+    #: is on the work stream itself). An abandoned wait's point counts until the loop
     #: collects its host function's notification, which it does once the GPU gets past it,
     #: whether or not a coroutine of the loop parks again.
     armed: int = 0

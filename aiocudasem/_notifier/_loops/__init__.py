@@ -13,16 +13,19 @@ of the loop it serves, made once per loop run by :func:`loop_adapter`:
 ``new_sleeper()``             the sleeper of one parked coroutine (see ``_sleepers``)
 ``wake_crowd(sleepers)``      wakes a crowd in order, skipping those done
 ``fd_watcher(fd, callback)``  watches the notifier's fd while nobody is parked
+``spawn(fn, name)``           runs a task of the library's own, which nobody awaits
 ============================  ========================================================
 
 - :class:`LoopAdapter`, the generic one, serves any loop that anyio runs, through anyio's
-  public backend interface: an ``anyio.Event`` per sleeper, no fd watcher, and no running
-  check (``current_notifier()`` then asks anyio each time).
+  public backend interface: an ``anyio.Event`` per sleeper, no fd watcher, no task of its
+  own (host stages raise ``UnsupportedFeatureError``), and no running check
+  (``current_notifier()`` then asks anyio each time).
 - ``AsyncioLoop`` (``_asyncio``) serves every asyncio event loop, the standard library's and
   uvloop's: futures of the loop as sleepers, one callback of the loop per crowd, a reader as
-  fd watcher. Only the standard library's loop has a ready queue to read.
+  fd watcher, ``create_task()`` for a task of its own. Only the standard library's loop has a
+  ready queue to read.
 - ``TrioLoop`` (``_trio``) serves trio: tasks parked with ``wait_task_rescheduled``, a system
-  task as fd watcher.
+  task as fd watcher and as a task of its own.
 
 Every read of another library's private state is in the adapter of that library, each with a
 public fallback, and ``tests/test_private_shapes.py`` checks each against the installed

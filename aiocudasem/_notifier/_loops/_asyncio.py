@@ -12,6 +12,8 @@ implements asyncio's loop interface.
   futures stay the loop's own, so what looks at a task's future (anyio's cancel scopes,
   ``Task.cancel()``) sees what it would with ``set_result()``.
 - Fd watcher: a reader of the loop (``add_reader``), level-triggered.
+- A task of the library's own: ``create_task()``, with a strong reference kept until it is
+  done (the loop keeps only weak ones).
 - Running check: C (``_hotpath.LoopCheck``), on the running-loop getter below and sniffio's
   thread-local name and context variable, so that an asyncio loop counts only while no trio
   run (a guest one included) claims the thread.
@@ -36,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from ... import _hotpath, _notify
@@ -65,6 +67,8 @@ class AsyncioLoop(LoopAdapter):
 
     def __init__(self, backend: type[AsyncBackend], token: Any) -> None:
         self._loop = token
+        #: The tasks of :meth:`spawn` not done yet: asyncio holds its tasks weakly.
+        self._tasks: set[asyncio.Task[None]] = set()
         self.checkpoint = _notify.yield_once
         self.bare_yield = True
         self.ready_queue = ready_queue_of(token)
@@ -87,6 +91,12 @@ class AsyncioLoop(LoopAdapter):
         if not callable(getattr(self._loop, "add_reader", None)):
             return None
         return _ReaderWatcher(self._loop, fd, on_readable)
+
+    def spawn(self, fn: Callable[[], Coroutine[Any, Any, None]], name: str) -> None:
+        tasks = self._tasks
+        task = self._loop.create_task(fn(), name=name)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
     def forget(self) -> None:
         self.serves_running_loop = never

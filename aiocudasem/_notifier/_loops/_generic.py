@@ -4,8 +4,10 @@ module, not the package, which picks one (``loop_adapter()``) and imports it whe
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from ..._errors import UnsupportedFeatureError
 
 if TYPE_CHECKING:
     import collections
@@ -87,6 +89,17 @@ class LoopAdapter:
         """A watcher of ``fd`` for this loop, or None where the loop offers none: there, a
         notification of an abandoned wait is collected when the loop next parks."""
         return None
+
+    def spawn(self, fn: Callable[[], Coroutine[Any, Any, None]], name: str) -> None:
+        """Run ``fn()`` as a task of the library's own on this loop, which nobody awaits and
+        which lives until it returns (a host stage, see ``_stages``). ``fn`` must catch what it
+        raises: on trio an exception of such a task would end the whole run. Called in the loop.
+        Raises :class:`~aiocudasem.UnsupportedFeatureError` where the loop offers no such task
+        (anyio's public interface has none, only task groups that someone must await)."""
+        raise UnsupportedFeatureError(
+            f"{name} needs a task of the library's own on the event loop, which only asyncio "
+            "(uvloop included) and trio offer: run it on one of them"
+        )
 
     def forget(self) -> None:
         """The loop has ended: drop what refers to it, so that it is not kept alive."""

@@ -5,6 +5,8 @@
   ``reschedule``; a cancelled task is aborted, and its sleeper marked done.
 - Crowd wake: each sleeper in turn (``reschedule`` only appends to trio's run queue).
 - Fd watcher: a system task that waits for the fd, in a cancel scope of its own.
+- A task of the library's own: a system task (``spawn_system_task``), in a copy of the
+  caller's context, as asyncio's ``create_task()`` gives; trio cancels it as the run ends.
 - Running check: C (``_hotpath.LoopCheck``), on sniffio's thread-local name and trio's run
   context below.
 
@@ -18,9 +20,10 @@ names it when its shape changes):
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any
 
 import sniffio
@@ -57,6 +60,9 @@ class TrioLoop(LoopAdapter):
 
     def fd_watcher(self, fd: int, on_readable: Callable[[], bool]) -> _SystemTaskWatcher:
         return _SystemTaskWatcher(fd, on_readable)
+
+    def spawn(self, fn: Callable[[], Coroutine[Any, Any, None]], name: str) -> None:
+        trio.lowlevel.spawn_system_task(fn, name=name, context=contextvars.copy_context())
 
 
 _wait, _reschedule = trio.lowlevel.wait_task_rescheduled, trio.lowlevel.reschedule
