@@ -16,6 +16,7 @@ from ._errors import CudaError as CudaError
 from ._errors import DeviceFaultError as DeviceFaultError
 from ._errors import DeviceMismatchError as DeviceMismatchError
 from ._errors import DriverUnavailableError as DriverUnavailableError
+from ._errors import StageCancelledError as StageCancelledError
 from ._errors import UnsupportedFeatureError as UnsupportedFeatureError
 from ._errors import UnsupportedHandleTypeError as UnsupportedHandleTypeError
 from ._errors import VulkanError as VulkanError
@@ -43,6 +44,7 @@ from ._processes import send_semaphore as send_semaphore
 from ._public import publish as _publish
 from ._semaphore import ExternalSemaphore as ExternalSemaphore
 from ._semaphore import import_semaphore as import_semaphore
+from ._stages import HostStage as HostStage
 from ._stream import HandOff as HandOff
 from ._stream import Stream as Stream
 from ._stream import open_stream as open_stream
@@ -67,10 +69,12 @@ __all__ = (
     "ExternalSemaphore",
     "HandOff",
     "HandleType",
+    "HostStage",
     "HostTimeline",
     "IpcEvent",
     "IpcEventHandle",
     "Signal",
+    "StageCancelledError",
     "Stream",
     "Tuning",
     "UnsupportedFeatureError",

@@ -23,6 +23,7 @@ __all__ = (
     "DeviceFaultError",
     "DeviceMismatchError",
     "DriverUnavailableError",
+    "StageCancelledError",
     "UnsupportedFeatureError",
     "UnsupportedHandleTypeError",
     "VulkanError",
@@ -156,6 +157,20 @@ class AbandonedError(AiocudasemError, anyio.BrokenResourceError):
     the exit of a hand-off section whose wait it released: the section's work may have run
     without the producer's data. It is an ``anyio.BrokenResourceError`` too: the other side of
     the channel is gone. ``status`` is ``None``.
+
+    A host stage (``Stream.enqueue_host()``) raises it too, at its ``await``, when a stage
+    before it on its stream failed or was cancelled after it was enqueued: the work between
+    them ran without that stage, so this one did not run (its ``__cause__`` is the earlier
+    stage's error). A cancelled stage raises :class:`StageCancelledError`, a subclass.
+    """
+
+
+class StageCancelledError(AbandonedError):
+    """A host stage (``Stream.enqueue_host()``) was cancelled before its coroutine returned:
+    by ``HostStage.cancel()``, by closing its stream, or by the end of its event loop. Raised
+    by ``await stage``. The stream went on past the stage's position without it, so the work
+    behind it ran without the stage's result, as after an ``abandon()``. ``status`` is
+    ``None``.
     """
 
 

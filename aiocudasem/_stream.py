@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from typing import TYPE_CHECKING, Any, Final, NoReturn, overload
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar, TypeVarTuple, Unpack, overload
 
 import anyio
 import anyio.lowlevel
@@ -42,10 +42,11 @@ from ._notifier import (
     prepare_stream,
     side_streams,
 )
+from ._stages import HostStage, Stages, enqueue_stage
 from ._timeline import enqueue_words
 
 if TYPE_CHECKING:
-    from collections.abc import Coroutine, Sequence
+    from collections.abc import Awaitable, Callable, Coroutine, Sequence
     from types import TracebackType
     from typing import Self
 
@@ -58,6 +59,9 @@ __all__ = ("Event", "HandOff", "Stream", "open_stream", "wait_external_semaphore
 #: every blocking stream, which cuStreamQuery of it may not.
 _DEFAULT_STREAMS = 2
 _WAITS_KEPT: Final = 8  # the last waits of a stream that a slow aclose() names
+
+_T = TypeVar("_T")
+_Args = TypeVarTuple("_Args")
 
 
 class Stream(OnDevice):
@@ -72,7 +76,7 @@ class Stream(OnDevice):
     always checkpoints.
     """
 
-    __slots__ = ("_events", "_history", "_owned", "_wait_state", "_waited_on")
+    __slots__ = ("_events", "_history", "_owned", "_stages", "_wait_state", "_waited_on")
     _events: list[int]
     #: The last waits enqueued on the stream, for the warning of an aclose() that waits long.
     _waited_on: collections.deque[Wait]
@@ -80,6 +84,8 @@ class Stream(OnDevice):
     #: What each wait_complete() takes: see _WaitHooks.
     _wait_state: WaitState
     _owned: bool
+    #: Its host stages (enqueue_host()), from the first one on.
+    _stages: Stages | None
     _factory = "use aiocudasem.open_stream() or Stream.adopt() to get a Stream"
     _noun = "stream"
     #: An owned stream is destroyed with its side stream; the driver frees it once its
@@ -113,6 +119,7 @@ class Stream(OnDevice):
             record_first=handle <= _DEFAULT_STREAMS,
         )
         self._waited_on = collections.deque(maxlen=_WAITS_KEPT)
+        self._stages = None
         if owned:
             self._own(handle, driver, handle)
         else:
@@ -125,7 +132,10 @@ class Stream(OnDevice):
     def _claim(self) -> bool:
         # A wait past its first checkpoint reads the closed state from the history, in C.
         self._history.closed = True
-        return super()._claim()
+        claimed = super()._claim()
+        if claimed and self._stages is not None:
+            self._stages.close()  # releases the stages' positions, then their timeline
+        return claimed
 
     @classmethod
     def adopt(cls, stream: object, *, driver: Driver | str | None = None) -> Stream:
@@ -292,6 +302,43 @@ class Stream(OnDevice):
         """
         return HandOff(self, waits, signals)
 
+    def enqueue_host(
+        self, async_fn: Callable[[Unpack[_Args]], Awaitable[_T]], *args: *_Args
+    ) -> HostStage[_T]:
+        """Enqueue a host stage: ``async_fn(*args)`` runs on the event loop in this stream's
+        order. Returns its :class:`HostStage`. Synchronous and non-blocking (not a
+        checkpoint); call it in a task of the event loop that is to run the coroutine.
+
+        The stream waits, on the GPU, at the stage's position. Once everything enqueued on the
+        stream before the stage has completed, the event loop runs the coroutine (network I/O,
+        a file, anything async); when the coroutine ends, the stream goes on to the work
+        enqueued behind the stage. ``await stage`` returns the coroutine's value. The stage
+        runs whether or not anyone awaits it. Pass keyword arguments with
+        ``functools.partial``.
+
+        - If the coroutine raises, or the stage is cancelled (:meth:`HostStage.cancel`), the
+          stream goes on all the same. ``await stage`` raises the coroutine's exception, or
+          :class:`StageCancelledError`; the stages enqueued behind it up to then do not run,
+          and each raises :class:`AbandonedError` at its ``await``. GPU work between them runs
+          regardless: :meth:`wait_complete` reports the stream's progress only, as it does
+          behind an abandoned semaphore, and raises none of these.
+        - :meth:`aclose` waits for pending stages (and the slow-close WARNING names them);
+          :meth:`close`, ``detach()`` and an exit of ``async with`` by an exception cancel
+          them and release their positions at once. An event loop that ends with stages
+          pending releases them too, so that no stream is left blocked.
+        - A stage must not wait for its own stream (:meth:`wait_complete`, :meth:`aclose`, a
+          hand-off section's exit): the stream waits for the stage.
+
+        Raises ``TypeError`` for anything but a coroutine function (a coroutine object
+        included), ``anyio.ClosedResourceError`` for a closed stream, ``RuntimeError`` outside
+        a running event loop, ``anyio.BusyResourceError`` while stages of this stream are
+        pending on another event loop that still runs, :class:`UnsupportedFeatureError` on a
+        stream that is capturing a CUDA graph, on a device without host timelines (see
+        :func:`create_host_timeline`) and on an event loop other than asyncio, uvloop and
+        trio, and :class:`CudaError` if the driver fails. See docs/stages.md.
+        """
+        return enqueue_stage(self, async_fn, args)
+
     # -------------------------------------------------------------- wait (async)
 
     def wait_complete(self) -> Coroutine[Any, Any, None]:
@@ -358,7 +405,9 @@ class Stream(OnDevice):
 
         An owned stream first waits for its enqueued work, then is destroyed; if that wait is
         cancelled or fails, the stream is destroyed anyway (the driver frees it once its work
-        completes) and the exception propagates. A borrowed stream is only forgotten. Work
+        completes) and the exception propagates. A borrowed stream is only forgotten, once the
+        work before its last pending host stage (:meth:`enqueue_host`) has completed. Pending
+        host stages run to their end first; if the wait is cancelled, they are cancelled. Work
         blocked on a wait whose producer is gone never completes: after a few seconds this
         logs a WARNING that names the stream's last waits, and goes on waiting (see
         ``ExternalSemaphore.abandon()`` and ``HostTimeline.abandon()``).
@@ -370,7 +419,9 @@ class Stream(OnDevice):
             await anyio.lowlevel.checkpoint()
             return
         try:
-            if self._owned:
+            # A borrowed stream waits only for its host stages, which are the library's to run
+            # (and which wait_complete() covers, with whatever else is enqueued before them).
+            if self._owned or (self._stages is not None and self._stages.pending):
                 try:
                     with anyio.move_on_after(_log.CLOSE_WARNING_S) as scope:
                         await self.wait_complete()
@@ -397,13 +448,17 @@ class Stream(OnDevice):
             stuck = "; its last waits were on " + ", ".join(
                 f"{w.semaphore!r}" + ("" if w.value is None else f" for {w.value}") for w in pending
             )
+        stages = [] if self._stages is None else self._stages.describe_pending()
+        if stages:
+            stuck += "; its pending host stages are " + ", ".join(stages)
         _log.slow_close(
             self._describe(),
             _log.CLOSE_WARNING_S,
             stuck,
             "If its producer is gone, call abandon() on the semaphore or host timeline it "
-            "waits on (the stream then goes on); to release the stream without waiting, call "
-            "close(), or leave the async with block by an exception.",
+            "waits on (the stream then goes on); if a host stage hangs, cancel() it; to "
+            "release the stream without waiting, call close(), or leave the async with block "
+            "by an exception.",
         )
 
 
