@@ -293,6 +293,9 @@ class HostStage(Generic[_T]):
         return True
 
     def __await__(self) -> Generator[Any, Any, _T]:
+        """``await stage``: the coroutine's return value once the stage has ended, or what
+        ended it raised (see the class). Always a checkpoint; cancelling it leaves the stage
+        running."""
         return self._outcome().__await__()
 
     async def _outcome(self) -> _T:

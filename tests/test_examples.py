@@ -309,3 +309,21 @@ def test_producer_dies(driver: str, backend: str) -> None:
     assert last, proc.stdout
     assert int(last.group(1)) < 1000, proc.stdout
     assert proc.stderr == "", proc.stderr
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_host_stage(driver: str, backend: str) -> None:
+    args = ["--backend", backend, "--requests", "9", "--workers", "3", "--fail", "5"]
+    if driver == "sim":
+        proc = run_example("host_stage.py", *args, AIOCUDASEM_DRIVER="sim")
+    else:
+        proc = run_example("host_stage.py", "--driver", driver, *args)
+    lines = proc.stdout.splitlines()
+    replies = sorted(line for line in lines if line.startswith("request "))
+    expected = [f"request {n}: input intact" for n in range(1, 10) if n != 5]
+    expected.append("request 5: not answered (request 5: the client went away)")
+    assert replies == sorted(expected), proc.stdout
+    assert lines[-1].startswith("9 requests in "), proc.stdout
+    assert lines[-1].endswith(f"on driver '{driver}'"), proc.stdout
+    assert proc.stderr == "", proc.stderr
