@@ -500,6 +500,8 @@ def enqueue_stage(
     stages = stream._stages
     if stages is None:
         stages = stream._stages = _new_stages(driver, device)
+        if not stream._open:  # closed by another thread meanwhile, which saw no stages
+            stages.close()
     with stages.lock:
         if stages.closed:
             raise anyio.ClosedResourceError("the stream is closed")

@@ -538,6 +538,41 @@ async def test_a_slow_aclose_names_the_stage(
     assert "cancel() it" in record.getMessage()
 
 
+async def test_detach_releases_the_stages(sim: SimDriver) -> None:
+    async def stage() -> None:
+        await anyio.sleep_forever()
+
+    s = acs.open_stream(driver=sim)
+    st = s.enqueue_host(stage)
+    handle = s.detach()
+    with anyio.fail_after(10), pytest.raises(acs.StageCancelledError, match="stream was closed"):
+        await st
+    async with acs.Stream.adopt(handle, driver=sim) as again:
+        with anyio.fail_after(10):
+            await again.wait_complete()  # not left blocked
+    sim.stream_destroy(handle)
+
+
+async def test_a_stage_may_enqueue_a_stage_behind_itself(sim: SimDriver) -> None:
+    log = Log()
+
+    async with acs.open_stream(driver=sim) as s:
+
+        async def second() -> str:
+            log.add("second")
+            return "second"
+
+        async def first() -> acs.HostStage[str]:
+            log.add("first")
+            return s.enqueue_host(second)  # behind this stage: runs once this one returns
+
+        log.kernel(sim, s, "kernel")
+        with anyio.fail_after(10):
+            inner = await s.enqueue_host(first)
+            assert await inner == "second"
+        assert log.names == ["kernel", "first", "second"]
+
+
 async def test_a_borrowed_stream_s_aclose_waits_for_its_stages(sim: SimDriver) -> None:
     ran = []
 
