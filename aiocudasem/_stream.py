@@ -306,8 +306,9 @@ class Stream(OnDevice):
         self, async_fn: Callable[[Unpack[_Args]], Awaitable[_T]], *args: *_Args
     ) -> HostStage[_T]:
         """Enqueue a host stage: ``async_fn(*args)`` runs on the event loop in this stream's
-        order. Returns its :class:`HostStage`. Synchronous and non-blocking (not a
-        checkpoint); call it in a task of the event loop that is to run the coroutine.
+        order. Returns its :class:`HostStage`. Synchronous, and not a checkpoint (a stream's
+        first stage also maps and registers the page of its private host timeline); call it in
+        a task of the event loop that is to run the coroutine.
 
         The stream waits, on the GPU, at the stage's position. Once everything enqueued on the
         stream before the stage has completed, the event loop runs the coroutine (network I/O,
