@@ -47,7 +47,7 @@ import threading
 import weakref
 from collections.abc import Awaitable, Callable, Generator
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -74,8 +74,6 @@ if TYPE_CHECKING:
 __all__ = ("HostStage", "Stages", "enqueue_stage")
 
 _T = TypeVar("_T")
-
-_WHERE: Final = "enqueue_host()"
 
 
 class _StagesTimeline(HostTimeline):
@@ -126,8 +124,8 @@ class Stages:
         the timeline was released with the stream, which released its waits before."""
         try:
             self.timeline.signal(value)
-        except (ValueError, anyio.ClosedResourceError):
-            pass
+        except (ValueError, anyio.ClosedResourceError, AiocudasemError):
+            pass  # AiocudasemError: the driver's notice of the store, after a fault
 
     def close(self) -> None:
         """The stream is being closed: release the waits of every stage at once, cancel the
@@ -323,7 +321,12 @@ class HostStage(Generic[_T]):
             # ends (or closes the notifier under the wait for the stage's turn).
             outside = True
         if outside:
-            result, error = None, self._cancelled("its task was cancelled (its event loop ends)")
+            result, error = (
+                None,
+                self._cancelled(
+                    "its task was cancelled from outside, as an event loop that ends cancels its tasks"
+                ),
+            )
         self._finish(result, error)
 
     async def _attempt(self) -> tuple[_T | None, BaseException | None]:
@@ -373,7 +376,7 @@ class HostStage(Generic[_T]):
         ran = "while its coroutine ran" if self._running else "before its coroutine ran"
         return StageCancelledError(
             f"the host stage {self._name} was cancelled {ran}: {why}; the stream went on "
-            "without it, and the stages enqueued behind it were abandoned"
+            "without it, and the stages enqueued behind it until then do not run"
         )
 
     # -------------------------------------------------------------- from outside the task
