@@ -321,12 +321,8 @@ class HostStage(Generic[_T]):
             # ends (or closes the notifier under the wait for the stage's turn).
             outside = True
         if outside:
-            result, error = (
-                None,
-                self._cancelled(
-                    "its task was cancelled from outside, as an event loop that ends cancels its tasks"
-                ),
-            )
+            why = "its task was cancelled from outside, as an ending event loop cancels its tasks"
+            result, error = None, self._cancelled(why)
         self._finish(result, error)
 
     async def _attempt(self) -> tuple[_T | None, BaseException | None]:
