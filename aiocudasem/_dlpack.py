@@ -9,6 +9,7 @@ capsule that ``__dlpack__`` returns is dropped unconsumed, which frees the expor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 import anyio.lowlevel
@@ -24,10 +25,10 @@ _CPU: Final = 1
 _CUDA_DEVICES: Final = {2: "kDLCUDA", 3: "kDLCUDAHost", 13: "kDLCUDAManaged"}
 
 
-async def ready(array: object, *, driver: Driver | str | None = None) -> None:
-    """Wait until ``array``'s pending GPU work has completed, for any object that implements
-    DLPack (``__dlpack__`` and ``__dlpack_device__``) and honours its ``stream`` argument: a
-    PyTorch tensor, a CuPy or JAX array.
+async def ready(*arrays: object, driver: Driver | str | None = None) -> None:
+    """Wait until the pending GPU work of every array of ``arrays`` has completed, for any
+    object that implements DLPack (``__dlpack__`` and ``__dlpack_device__``) and honours its
+    ``stream`` argument: a PyTorch tensor, a CuPy or JAX array.
 
     A private stream of the array's device is passed to ``array.__dlpack__(stream=...)``, which
     makes the producer order its pending work before that stream's next operation; then that
@@ -37,6 +38,13 @@ async def ready(array: object, *, driver: Driver | str | None = None) -> None:
     (``kDLCPU``) is ready at once; for pinned host memory (``kDLCUDAHost``) the producer
     decides (PyTorch orders nothing for a CPU tensor: await the stream of a ``non_blocking``
     copy instead). PyTorch refuses to export a tensor that requires grad: pass ``x.detach()``.
+
+    **Several arrays.** ``ready(a, b, c)`` passes one private stream to every array of one
+    device and awaits it once: one event and one notification for the lot, whichever streams
+    of their libraries the producers ordered their work on. Arrays of different devices get a
+    private stream each, awaited together; the call returns once all have passed. Every array
+    is checked before any is exported, so a bad one exports nothing. ``ready(x)`` of one array
+    is the same call.
 
     cuda.core's buffers ignore the ``stream`` argument (their ``__dlpack__`` leaves stream
     order to the caller), so ``ready()`` refuses them: await the stream that wrote the buffer
@@ -50,11 +58,50 @@ async def ready(array: object, *, driver: Driver | str | None = None) -> None:
 
     ``driver`` is as for :func:`open_stream` (by default the real CUDA driver). A checkpoint;
     cancelling abandons the observation only (the private stream is reused once the
-    producer's work has passed it). Raises ``TypeError`` for an object without DLPack, or
-    whose ``__dlpack__`` takes no ``stream``, or for one of cuda.core; ``ValueError`` for a
-    device that is neither the CPU nor CUDA, or for a device ordinal that does not exist; and
-    what the producer's ``__dlpack__`` raises.
+    producer's work has passed it). Raises ``TypeError`` for a call without arrays, an object
+    without DLPack, or whose ``__dlpack__`` takes no ``stream``, or for one of cuda.core;
+    ``ValueError`` for a device that is neither the CPU nor CUDA, or for a device ordinal that
+    does not exist; and what a producer's ``__dlpack__`` raises (the arrays exported before it
+    stay ordered before the private stream, which is not awaited).
     """
+    if not arrays:
+        raise TypeError("ready() needs at least one array: ready(x), or ready(*arrays) for several")
+    exports: dict[int, list[tuple[str, Callable[..., object]]]] = {}  # ordinal -> arrays
+    drv: Driver | None = None
+    for array in arrays:
+        name, export, kind, ordinal = _checked(array)
+        if kind == _CPU:
+            continue
+        if drv is None:
+            drv = resolve_driver(driver)
+        count = drv.device_count()
+        if not 0 <= ordinal < count:
+            raise ValueError(
+                f"{name} is on {_CUDA_DEVICES[kind]} device {ordinal}, which does not exist "
+                f"here: {count} device(s)"
+            )
+        exports.setdefault(ordinal, []).append((name, export))
+    if drv is None:  # CPU arrays only
+        await anyio.lowlevel.checkpoint()
+        return
+    if len(exports) == 1:
+        [(ordinal, these)] = exports.items()
+        await _ready_on(drv, ordinal, these)
+        return
+    try:
+        async with anyio.create_task_group() as tg:
+            for ordinal, these in exports.items():
+                tg.start_soon(_ready_on, drv, ordinal, these)
+    except BaseExceptionGroup as group:
+        # One device's failure (a fault, a producer's error) cancels the others' waits: raise
+        # it as itself, as the call of one device would.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
+
+
+def _checked(array: object) -> tuple[str, Callable[..., object], int, int]:
+    """``array``'s type name, ``__dlpack__``, and device type and ordinal, checked."""
     name = type(array).__name__
     device_of = getattr(array, "__dlpack_device__", None)
     export = getattr(array, "__dlpack__", None)
@@ -70,26 +117,25 @@ async def ready(array: object, *, driver: Driver | str | None = None) -> None:
             "aiocudasem.wait_stream()"
         )
     kind, ordinal = _device(device_of(), name)
-    if kind == _CPU:
-        await anyio.lowlevel.checkpoint()
-        return
-    drv = resolve_driver(driver)
-    count = drv.device_count()
-    if not 0 <= ordinal < count:
-        raise ValueError(
-            f"{name} is on {_CUDA_DEVICES[kind]} device {ordinal}, which does not exist "
-            f"here: {count} device(s)"
-        )
+    return name, export, kind, ordinal
+
+
+async def _ready_on(
+    drv: Driver, ordinal: int, exports: list[tuple[str, Callable[..., object]]]
+) -> None:
+    """Pass one private stream of device ``ordinal`` to every ``__dlpack__`` of ``exports``,
+    and await it once."""
 
     def export_to(stream: int) -> None:
-        try:
-            capsule = export(stream=stream)
-        except TypeError as exc:
-            raise TypeError(
-                f"{name}.__dlpack__ takes no stream, so it cannot order its work before one of "
-                "ours; await its library's stream with wait_stream()"
-            ) from exc
-        del capsule  # never consumed: its destructor frees the export
+        for name, export in exports:
+            try:
+                capsule = export(stream=stream)
+            except TypeError as exc:
+                raise TypeError(
+                    f"{name}.__dlpack__ takes no stream, so it cannot order its work before "
+                    "one of ours; await its library's stream with wait_stream()"
+                ) from exc
+            del capsule  # never consumed: its destructor frees the export
 
     await wait_private_stream(drv, ordinal, export_to)
 

@@ -144,3 +144,83 @@ async def test_a_fault_of_the_device_ends_the_wait(sim: SimDriver, fault_watchdo
             sim.inject_fault(1)
     with pytest.raises(acs.DeviceFaultError):
         await theirs.aclose()
+
+
+# ---------------------------------------------------------------------------------------------
+# Several arrays in one call.
+
+
+async def test_ready_of_several_arrays_shares_one_private_stream(sim: SimDriver) -> None:
+    """Arrays of one device, written on different streams of their producers: one private
+    stream is passed to each, and awaited once, after the last of their work."""
+    async with acs.open_stream(driver=sim) as one, acs.open_stream(driver=sim) as two:
+        xs = [Producer(sim, one), Producer(sim, two), Producer(sim, one)]
+        gate = hold(two)
+        woke: list[float] = []
+
+        async def consumer() -> None:
+            await acs.ready(*xs, driver=sim)
+            woke.append(time.perf_counter())
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consumer)
+                await anyio.sleep(0.05)
+                assert not woke, "ready() returned before the second stream's work completed"
+                released = time.perf_counter()
+                gate.set()
+        assert woke[0] >= released
+        streams = {x.exports[0] for x in xs}
+        assert len(streams) == 1 and all(len(x.exports) == 1 for x in xs)
+        await acs.ready(xs[0], driver=sim)  # one array: the same call, the stream reused
+        assert xs[0].exports[1] in streams
+
+
+async def test_ready_of_arrays_on_two_devices_awaits_both(sim: SimDriver) -> None:
+    """A private stream per device, awaited together; CPU arrays among them are ready."""
+    async with acs.open_stream(driver=sim) as s0, acs.open_stream(1, driver=sim) as s1:
+        a, b = Producer(sim, s0), Producer(sim, s1, device=1)
+        gate = hold(s1)
+        with anyio.move_on_after(0.1) as scope:
+            await acs.ready(a, np.arange(3), b, driver=sim)
+        assert scope.cancelled_caught  # device 1's work is still pending
+        gate.set()
+        with anyio.fail_after(10):
+            await acs.ready(a, np.arange(3), b, driver=sim)
+        assert a.exports[-1] != b.exports[-1]  # a stream of each device
+
+
+async def test_ready_needs_an_array_and_checks_all_before_exporting(sim: SimDriver) -> None:
+    with pytest.raises(TypeError, match="at least one array"):
+        await acs.ready(driver=sim)
+    async with acs.open_stream(driver=sim) as theirs:
+        good = Producer(sim, theirs)
+        with pytest.raises(TypeError, match="does not implement DLPack"):
+            await acs.ready(good, [1, 2], driver=sim)
+        with pytest.raises(ValueError, match="does not exist here"):
+            await acs.ready(good, Producer(sim, theirs, device=7), driver=sim)
+        assert good.exports == []  # refused before exporting anything
+        with anyio.fail_after(5):
+            await acs.ready(np.arange(3), np.arange(4))  # CPU arrays only: no driver needed
+
+
+async def test_a_fault_during_ready_of_two_devices_raises_as_itself(
+    sim: SimDriver, fault_watchdog: float
+) -> None:
+    """One device's fault ends the call with DeviceFaultError, not an exception group."""
+    async with acs.open_stream(driver=sim) as s0:
+        s1 = acs.open_stream(1, driver=sim)
+        hold(s1)
+        a, b = Producer(sim, s0), Producer(sim, s1, device=1)
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+
+                async def consumer() -> None:
+                    with pytest.raises(acs.DeviceFaultError):
+                        await acs.ready(a, b, driver=sim)
+
+                tg.start_soon(consumer)
+                await anyio.sleep(0.05)
+                sim.inject_fault(1)
+    with pytest.raises(acs.DeviceFaultError):
+        await s1.aclose()
