@@ -640,3 +640,37 @@ def test_the_event_thread_waits_on_a_blocking_sync_event_on_every_loop() -> None
         ap.close()
         assert not thread.is_alive() and ap.events == {}
     assert created and all(created)
+
+
+def test_the_ready_section_gives_the_cost_per_array_labelled_simulated(tmp_path: Path) -> None:
+    """ready(*arrays) against ready(x) of each, per array, at each size, in paired rounds; on
+    the simulated device the table says that its figures are not a GPU's."""
+    out = tmp_path / "bench"
+    proc = _bench(
+        tmp_path,
+        "--driver",
+        "sim",
+        "--sections",
+        "ready",
+        "--repeats",
+        "2",
+        "--out",
+        str(out),
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "ready: 8 and 64 arrays, 2 rounds interleaved, on asyncio" in proc.stdout
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["sections"] == ["ready"] and data["results"] == {}
+    ready = data["ready"]
+    assert ready["loop"] == "asyncio" and ready["sizes"] == [8, 64]
+    for way in ("each", "batched"):
+        for n in ("8", "64"):
+            assert len(ready["runs"][way][n]) == 2 and min(ready["runs"][way][n]) > 0
+            assert data["summary"]["ready"][way][n]["runs"] == 2
+    page = (out / "performance.md").read_text()
+    table = page.split("## ready() of several arrays (SIMULATED device: not GPU figures)", 1)[1]
+    assert "| arrays | ready(x) of each | ready(*arrays) | ratio (paired) |" in table
+    assert table.count(" us | ") >= 2
+    summary = proc.stdout.split("medians over 2 rounds):\n", 1)[1].splitlines()
+    assert summary[0].startswith("  ready(), 64 arrays, per array: ready(*arrays) ")

@@ -4,6 +4,7 @@ in ``_DESCRIPTION`` below, which ``aiocudasem bench --help`` shows.
 - ``_approaches``: the ways of awaiting GPU work that are compared;
 - ``_measure``: the measurements, the interleaved rounds and the progress lines;
 - ``_signal``: host signal to stream resume, a host timeline beside a Vulkan timeline;
+- ``_ready``: ``ready()`` of several arrays in one call against one call each;
 - ``_report``: versions, the Markdown page and the plot.
 """
 
@@ -35,6 +36,8 @@ from ._approaches import ALL, LOOP_APPROACHES, for_loop
 from ._common import LOOPS, loop_backend, paired_ratios, run_on, say
 from ._curve import LENGTHS_NS, expected_s, run_curve
 from ._measure import Bench, Progress, run_main
+from ._ready import SIZES as READY_SIZES
+from ._ready import run_ready, summarize_ready
 from ._report import (
     LOOP_KEYS,
     commit,
@@ -52,7 +55,7 @@ from ._service import CONCURRENCY, calibrate, run_service, summarize_service
 from ._signal import run_signal, summarize_signal
 
 #: The sections, in the order they run.
-SECTIONS = ("main", "curve", "service", "signal")
+SECTIONS = ("main", "curve", "service", "signal", "ready")
 
 _DESCRIPTION = """\
 Side-by-side benchmarks: how fast does async Python learn that GPU work is
@@ -60,7 +63,7 @@ done, and what does the waiting cost?
 
 Every approach waits on the same raw CUDA streams, with the same %globaltimer
 spin kernel, in one process and one run; peer libraries (CuPy, PyTorch,
-numba-cuda) wrap those streams, so they wait on exactly the same work. Four
+numba-cuda) wrap those streams, so they wait on exactly the same work. Five
 sections, each on asyncio, asyncio on uvloop and trio where installed:
 
   main     wake latency (100 us kernel), throughput, CPU while 1,000
@@ -78,6 +81,8 @@ sections, each on asyncio, asyncio on uvloop and trio where installed:
            of the other work got done
   signal   host signal to the resume of a stream blocked on it, for a host
            timeline and a Vulkan timeline semaphore
+  ready    what ready() costs per array: ready(*arrays) of 8 and 64 arrays,
+           against ready(x) of each (on the first event loop of --loops)
 
 Every measurement runs in interleaved rounds, ordered by a balanced Latin
 square (each approach in each position equally often); latency is given as
@@ -157,7 +162,8 @@ def _parser() -> argparse.ArgumentParser:
         "--loops",
         default=None,
         metavar="NAMES",
-        help="comma-separated event loops to run the main, curve and service sections on, of "
+        help="comma-separated event loops to run the main, curve and service sections on, "
+        "and the ready section on the first of them, of "
         + ", ".join(LOOPS)
         + " (default: all; uvloop and trio where installed, with a warning where not)",
     )
@@ -220,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     curve: dict[str, Any] | None = None
     service: dict[str, Any] | None = None
     signal: dict[str, Any] | None = None
+    ready: dict[str, Any] | None = None
     if "main" in sections:
         for loop in runnable:
             aps = [cls(drv) for cls in for_loop(loop, only or None)]
@@ -240,8 +247,29 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
+    if "ready" in sections and runnable:
+        sizes = " and ".join(map(str, READY_SIZES))
+        say(f"ready: {sizes} arrays, {rounds_text(repeats)} interleaved, on {runnable[0]}")
+        try:
+            ready = {"loop": runnable[0], **run_on(runnable[0], run_ready, drv, quick, repeats)}
+        except Exception as exc:  # the figures measured so far still count
+            print(
+                f"aiocudasem bench: warning: the ready section failed: {exc!r}",
+                file=sys.stderr,
+                flush=True,
+            )
     try:
-        write(ns.out, b.results, meta, signal, b.paired, page=page, curve=curve, service=service)
+        write(
+            ns.out,
+            b.results,
+            meta,
+            signal,
+            b.paired,
+            page=page,
+            curve=curve,
+            service=service,
+            ready=ready,
+        )
     except BrokenPipeError:
         raise  # standard output, closed: the command line stops quietly
     except OSError as exc:
@@ -362,6 +390,7 @@ def write(
     page: Path | str | None = None,
     curve: dict[str, Any] | None = None,
     service: dict[str, Any] | None = None,
+    ready: dict[str, Any] | None = None,
 ) -> None:
     """results.json (every run and the summary), the page (to ``page``: by default
     performance.md in ``out``; ``"-"``, standard output) and, if it can, latency.png (with
@@ -394,6 +423,9 @@ def write(
         }
     if curve is not None:
         document["curve"] = curve
+    if ready is not None:
+        document["ready"] = ready
+        summary["ready"] = summarize_ready(ready)
     if service is not None:
         document["service"] = service
         summary["service"] = {
@@ -434,6 +466,7 @@ def write(
             link(png),
             curve=curve,
             service=service,
+            ready=ready,
             no_curve_plot=no_curve_plot,
             curve_link=link(curve_png),
         )
@@ -464,7 +497,7 @@ def write(
         if stale_png not in drawn and stale_png.exists():
             stale_png.unlink()
     if isinstance(to, Path):
-        lines = summary_lines(results, meta, signal, paired)
+        lines = summary_lines(results, meta, signal, paired, ready)
         where = f"the full page, every approach and figure: {to}; every run: {out / 'results.json'}"
         say("\n".join([*lines, where]))
     else:

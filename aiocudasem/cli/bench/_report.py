@@ -14,6 +14,9 @@ import aiocudasem as acs
 
 from ._common import over_runs, paired_differences, paired_ratios, pct, spread
 from ._measure import PAIRED_APPROACHES, PARKED_KERNEL_NS
+from ._ready import SIZES as READY_SIZES
+from ._ready import WAYS as READY_WAYS
+from ._ready import median_ratio, summarize_ready
 from ._service import summarize_service
 from ._signal import summarize_signal
 
@@ -472,6 +475,32 @@ def _signal_table(signal: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _ready_table(ready: dict[str, Any], simulated: bool) -> list[str]:
+    tag = " (SIMULATED device: not GPU figures)" if simulated else ""
+    f = summarize_ready(ready)
+    lines = [
+        "",
+        f"## ready() of several arrays{tag}",
+        "",
+        f"Microseconds per array, on {ready.get('loop', 'asyncio')}: one `ready(*arrays)` "
+        "against `ready(x)` of each in turn, the arrays' producer with nothing pending (the "
+        "cost of the call), median [min-max] over the rounds.",
+        "",
+        "| arrays | " + " | ".join(READY_WAYS.values()) + " | ratio (paired) |",
+        "|---|---|---|---|",
+    ]
+    for n in map(str, ready.get("sizes", READY_SIZES)):
+        ratio = median_ratio(ready, n)
+        cells = [f"{spread(f.get(w, {}).get(n), '.2f')} us" for w in READY_WAYS]
+        lines.append(
+            f"| {n} | "
+            + " | ".join(cells)
+            + f" | {fmt(ratio, '.1f')}"
+            + (" x |" if ratio is not None else " |")
+        )
+    return lines
+
+
 def curve_table(curve: dict[str, Any]) -> list[str]:
     """The curve section: per loop, a row per kernel length."""
     loops = curve.get("loops", {})
@@ -587,13 +616,15 @@ def markdown(
     service: dict[str, Any] | None = None,
     no_curve_plot: str | None = None,
     curve_link: str = "curve.png",
+    ready: dict[str, Any] | None = None,
 ) -> str:
     """The page. ``no_plot``: why there is no latency.png (then the page says so and links
     none); ``None``: link the plot, at ``plot_link`` (by default beside the page). ``signal``:
     the host-signal figures, if they were measured. ``paired``: the paired throughput rounds
     (``Bench.paired``). ``curve``, ``service``: those sections, if they ran; ``no_curve_plot``
     and ``curve_link`` are to curve.png what ``no_plot`` and ``plot_link`` are to
-    latency.png. A section that did not run has no table."""
+    latency.png. ``ready``: the ready section, if it ran. A section that did not run has no
+    table."""
     by_loop = loop_entries(results)
     lines = _header(meta)
     if "asyncio" in by_loop:
@@ -619,6 +650,8 @@ def markdown(
         lines += service_table(service)
     if signal is not None:
         lines += _signal_table(signal)
+    if ready is not None:
+        lines += _ready_table(ready, meta["simulated"])
     if by_loop:
         if no_plot is None:
             lines += ["", f"![latency distributions]({plot_link})", ""]
@@ -640,11 +673,13 @@ def summary_lines(
     meta: dict[str, Any],
     signal: dict[str, Any] | None = None,
     paired: dict[str, Any] | None = None,
+    ready: dict[str, Any] | None = None,
 ) -> list[str]:
     """The few lines printed at the end of a run, in place of the page: per loop, the wake
     latency and throughput of the library (or, where ``--only`` left it out, of the first
     other approach measured) and its paired ratio to busy polling on 8 streams, over those of
-    blocking sync and busy polling; then the host-signal medians."""
+    blocking sync and busy polling; then the host-signal medians, and the ready section's
+    cost per array."""
     tag = "SIMULATED device, not GPU figures; " if meta["simulated"] else ""
     lines = [f"summary ({tag}medians over {rounds_text(meta.get('repeats', 1))}):"]
     if loop_entries(results):
@@ -677,6 +712,14 @@ def summary_lines(
     ]
     if medians:
         lines.append(f"  host signal to stream resume: {', '.join(medians)}")
+    if ready is not None:
+        per_array = summarize_ready(ready)
+        n = str(max(ready.get("sizes", READY_SIZES)))
+        each, batched = (_median(per_array.get(w, {}), n) for w in READY_WAYS)
+        lines.append(
+            f"  ready(), {n} arrays, per array: ready(*arrays) {fmt(batched, '.2f')} us, "
+            f"ready(x) of each {fmt(each, '.2f')} us"
+        )
     return lines
 
 
