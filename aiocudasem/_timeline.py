@@ -194,6 +194,24 @@ class HostTimeline(Abandonable):
                 f"signal({target}) needs a value of at least {seen}"
             )
 
+    def _increment(self) -> int:
+        """Add one to the value from the host, atomically across processes (a compare-and-swap
+        loop: ``advance`` moves the value from ``seen`` to ``seen + 1`` only while no one else
+        has), and return the new value. For a counter that several processes add to
+        (:class:`~aiocudasem.IpcRecords` acknowledges this way); one at :attr:`MAX` (abandoned)
+        stays there. Raises ``anyio.ClosedResourceError`` once closed."""
+        page = self._page
+        with page.lock:
+            self._check_open("a host timeline's counter, closed")
+            while True:
+                seen = _hostword.load(page.address)
+                if seen >= self.MAX:
+                    return seen
+                if _hostword.advance(page.address, seen + 1) == seen:
+                    break
+        self._driver.notify_word(page.address)
+        return seen + 1
+
     async def wait_value(self, value: int) -> None:
         """Wait, from the host, until the value reaches ``value``.
 
