@@ -42,6 +42,11 @@ from ._processes import receive_semaphore as receive_semaphore
 from ._processes import send_host_timeline as send_host_timeline
 from ._processes import send_semaphore as send_semaphore
 from ._public import publish as _publish
+from ._records import IpcRecorder as IpcRecorder
+from ._records import IpcRecords as IpcRecords
+from ._records import create_ipc_recorder as create_ipc_recorder
+from ._records import receive_ipc_records as receive_ipc_records
+from ._records import send_ipc_recorder as send_ipc_recorder
 from ._semaphore import ExternalSemaphore as ExternalSemaphore
 from ._semaphore import import_semaphore as import_semaphore
 from ._stages import HostStage as HostStage
@@ -73,6 +78,8 @@ __all__ = (
     "HostTimeline",
     "IpcEvent",
     "IpcEventHandle",
+    "IpcRecorder",
+    "IpcRecords",
     "Signal",
     "StageCancelledError",
     "Stream",
@@ -87,6 +94,7 @@ __all__ = (
     "configure",
     "create_host_timeline",
     "create_ipc_event",
+    "create_ipc_recorder",
     "get_driver",
     "import_semaphore",
     "launch_graph",
@@ -95,8 +103,10 @@ __all__ = (
     "open_stream",
     "ready",
     "receive_host_timeline",
+    "receive_ipc_records",
     "receive_semaphore",
     "send_host_timeline",
+    "send_ipc_recorder",
     "send_semaphore",
     "set_signal_node",
     "set_wait_node",
