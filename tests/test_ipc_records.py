@@ -6,12 +6,15 @@ device here (``tests/gpu/test_ipc_records_gpu.py`` repeats them on a GPU). Run d
 file is that producer: ``python tests/test_ipc_records.py FD DRIVER MODE RECORDS``, where MODE
 is ``run`` (RECORDS records, at most ``WINDOW`` ahead of the consumer; record ``SLOW``, if
 given as a fifth argument, runs for 10 s), ``wait`` (send, then ``aclose()``: it waits for the
-consumer) or ``nowait`` (send, then ``close()`` at once, and stay alive).
+consumer) or ``nowait`` (send, then ``close()`` at once, and stay alive). Run as
+``python tests/test_ipc_records.py consume DRIVER KIND RECORDS SLOW BACKEND``, it is a consumer
+of its own (KIND ``in_order`` or ``killed``), which prints one JSON line of what it saw.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -356,12 +359,35 @@ async def test_bad_input(sim: SimDriver) -> None:
         recorder.record(s1)
 
 
+async def _consume_and_say(driver_name: str, kind: str, records: int, slow: int) -> None:
+    """A consumer of its own, for the GPU suite: one JSON line of what it saw."""
+    report: dict[str, object]
+    if kind == "in_order":
+        taken, code, out = await consume_in_order(driver_name, records)
+        report = {"taken": taken, "code": code, "output": out}
+    else:
+        taken, code, raised, released = await consume_until_killed(driver_name, records, slow)
+        name = None if raised is None else raised.__name__
+        report = {"taken": taken, "code": code, "raised": name, "released_s": released}
+    print(json.dumps(report), flush=True)
+
+
 if __name__ == "__main__":
-    anyio.run(
-        _produce,
-        int(sys.argv[1]),
-        sys.argv[2],
-        sys.argv[3],
-        int(sys.argv[4]),
-        int(sys.argv[5]),
-    )
+    if sys.argv[1] == "consume":
+        anyio.run(
+            _consume_and_say,
+            sys.argv[2],
+            sys.argv[3],
+            int(sys.argv[4]),
+            int(sys.argv[5]),
+            backend=sys.argv[6],
+        )
+    else:
+        anyio.run(
+            _produce,
+            int(sys.argv[1]),
+            sys.argv[2],
+            sys.argv[3],
+            int(sys.argv[4]),
+            int(sys.argv[5]),
+        )
