@@ -278,6 +278,34 @@ def test_a_killed_interprocess_event_producer_ends_the_consumer(driver: str, bac
     assert time.monotonic() - start < 30
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_interprocess_records_between_two_processes(driver: str, backend: str) -> None:
+    args = ["--driver", driver, "--backend", backend]
+    out = run_example("ipc_records.py", *args, timeout=120).stdout
+    assert out.splitlines()[-1].startswith("all 1000 records awaited by number in ")
+    assert out.splitlines()[-1].endswith(f"'{driver}' ({backend}), every write visible")
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_killed_records_producer_is_abandoned_and_the_consumer_ends(
+    driver: str, backend: str
+) -> None:
+    start = time.monotonic()
+    args = ["--driver", driver, "--backend", backend, "--kill-producer-after", "300"]
+    proc = run_example("ipc_records.py", *args, timeout=60, ok=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    said = re.search(
+        r"the producer exited \(-9\) after record (\d+); its records were", proc.stderr
+    )
+    assert said is not None, proc.stderr
+    assert 300 <= int(said.group(1)) < 300 + 16  # what it completed before it died
+    assert "abandoned and everything released" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert time.monotonic() - start < 30
+
+
 @pytest.mark.parametrize("how", ["built", "captured"])
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 @pytest.mark.parametrize("driver", DRIVERS)
