@@ -73,6 +73,7 @@ async def other_libraries(torch_event: object, tensor: object, raw_event: int) -
     await acs.wait_event(raw_event, device=1, driver="cuda")
     await acs.ready(tensor)
     await acs.ready(tensor, driver="sim")
+    await acs.ready(tensor, tensor, raw_event, driver="sim")
 
 
 async def across_processes(sock: anyio.abc.UNIXSocketStream, fd: int) -> None:
@@ -81,6 +82,21 @@ async def across_processes(sock: anyio.abc.UNIXSocketStream, fd: int) -> None:
     sem = await acs.receive_semaphore(sock, device=0, driver="sim")
     assert_type(sem, acs.ExternalSemaphore)
     await sem.aclose()
+
+
+async def records_by_number(sock: anyio.abc.UNIXSocketStream, stream: acs.Stream) -> None:
+    async with acs.create_ipc_recorder(0, driver="sim") as recorder:
+        await acs.send_ipc_recorder(sock, recorder)
+        n: int = recorder.record(stream)
+        assert_type(recorder.event, acs.IpcEvent)
+        await recorder.aclose(limit_s=None)
+    records = await acs.receive_ipc_records(sock, driver="sim")
+    assert_type(records, acs.IpcRecords)
+    await records.wait_record(n)
+    records.enqueue_wait(stream, n)
+    assert_type(records.completed, int)
+    records.abandon()
+    await records.aclose()
 
 
 async def simulated_driver() -> None:
