@@ -313,6 +313,34 @@ async def test_aclose_gives_up_after_its_limit_with_a_warning(
         assert "1 consumer(s) did not release the event within 0.3 s" in caplog.text
 
 
+async def test_a_slow_aclose_warns_with_the_way_out_and_goes_on_waiting(
+    sim: SimDriver, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The WARNING that every slow close logs, here after 0.1 s instead of 5 s; the
+    acknowledgement that comes afterwards ends the wait."""
+    from aiocudasem import _log
+
+    monkeypatch.setattr(_log, "CLOSE_WARNING_S", 0.1)
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    async with (
+        await anyio.abc.UNIXSocketStream.from_socket(a) as left,
+        await anyio.abc.UNIXSocketStream.from_socket(b),
+    ):
+        recorder = acs.create_ipc_recorder(driver=sim)
+        await acs.send_ipc_recorder(left, recorder)
+        with caplog.at_level(logging.WARNING, logger="aiocudasem"), anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(recorder.aclose)
+                await anyio.sleep(0.3)
+                assert not recorder.closed
+                recorder._acks._increment()  # what the consumer's release does
+        assert recorder.closed
+        assert "has waited 0.1 s for 1 consumer(s) to release the event" in caplog.text
+        assert "30.0 s at most" in caplog.text
+        assert "close them first" in caplog.text
+        assert "did not release" not in caplog.text
+
+
 async def test_close_without_waiting_warns_of_the_consumers_left(
     sim: SimDriver, caplog: pytest.LogCaptureFixture
 ) -> None:
