@@ -6,8 +6,8 @@ semaphore (what Vulkan or a peer process would hold), and ``inject_fault`` puts 
 a sticky error as a trapped kernel would.
 
 :func:`workloads` gives work to put on streams, on the simulated device and on the CUDA driver
-alike: pinned memory, a kernel that runs for a given time, one that checks a frame of data, and
-one that traps.
+alike: pinned memory, a kernel that runs for a given time, one that checks a frame of data, one
+that traps, and one that publishes its progress into a host timeline while it runs.
 """
 
 from __future__ import annotations

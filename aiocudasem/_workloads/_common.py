@@ -18,6 +18,7 @@ __all__ = (
     "StreamArg",
     "WeakDriver",
     "Workloads",
+    "check_progress",
     "frame_word",
     "frame_words",
 )
@@ -26,6 +27,10 @@ _D = TypeVar("_D")
 
 #: What one check of an intact frame adds to its ``out`` slot (``words`` stays below it).
 SEEN = 0x10000
+
+_U32 = 1 << 32
+_U64 = 1 << 64
+_LIMIT = 1 << 63  # a host timeline's values are below it
 
 
 def frame_word(frame: int, i: int) -> int:
@@ -93,6 +98,64 @@ class Workloads(Protocol):
     def launch_trap(self, stream: StreamArg) -> None:
         """Enqueue a kernel that traps, faulting the device's context."""
         ...
+
+    def launch_progress(
+        self,
+        stream: StreamArg,
+        word: int,
+        count: int,
+        ns: int,
+        *,
+        start: int = 0,
+        trap_at: int | None = None,
+        stamps: int | None = None,
+    ) -> None:
+        """Enqueue a persistent kernel that reports its progress into a host timeline: it
+        publishes ``start + 1`` to ``start + count`` into the timeline's word, value
+        ``start + i`` once ``ns * i / count`` nanoseconds of device time have passed, with
+        ``aiocudasem_publish()`` of ``aiocudasem/progress.cuh`` (a system-scope release
+        store). ``word`` is the device address of the word, ``HostTimeline.handle``; keep the
+        timeline open until the kernel has completed.
+
+        ``trap_at``, a value in that range, makes the kernel trap instead of publishing it,
+        faulting the device's context: the values below it are published, the others never.
+        ``stamps``, pinned memory of ``count`` uint64 words, receives the device's clock in
+        nanoseconds (``%globaltimer`` on a GPU, ``time.perf_counter_ns()`` on the simulated
+        device) just before each value is published. Raises ``TypeError`` or ``ValueError``
+        for a bad argument, before anything is enqueued."""
+        ...
+
+
+def _int(name: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not low <= value < high:
+        bound = f"2**{high.bit_length() - 1}" if high & (high - 1) == 0 else str(high)
+        raise ValueError(f"{name} must be in [{low}, {bound}), not {value}")
+    return value
+
+
+def check_progress(
+    word: object,
+    count: object,
+    ns: object,
+    start: object,
+    trap_at: object,
+    stamps: object,
+) -> int:
+    """Check the arguments of :meth:`Workloads.launch_progress`; return ``trap_at`` as the
+    kernel takes it (0: never, as no value published is 0)."""
+    address = _int("word", word, 1, _U64)
+    if address % 8:
+        raise ValueError(f"word must be the address of a 64-bit word, 8-aligned: {address:#x}")
+    n = _int("count", count, 1, _U32)
+    _int("ns", ns, 0, _U64)
+    first = _int("start", start, 0, _LIMIT - n) + 1
+    if stamps is not None:
+        _int("stamps", stamps, 1, _U64)
+    if trap_at is None:
+        return 0
+    return _int("trap_at", trap_at, first, first + n)
 
 
 class WeakDriver(Generic[_D]):

@@ -1,6 +1,7 @@
 """The workloads on the CUDA driver: ``kernels/kernels.cu``, prebuilt into a fatbin (SASS for
-sm_75 to sm_120 plus PTX) by scripts/build-kernels.sh. NVRTC compiles the source only for a
-device the fatbin has no code for."""
+sm_75 to sm_120 plus PTX) by scripts/build-kernels.sh, with the package's ``include/`` on the
+include path (the progress kernel publishes through ``aiocudasem/progress.cuh``). NVRTC
+compiles the source only for a device the fatbin has no code for."""
 
 from __future__ import annotations
 
@@ -12,17 +13,18 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from .._driver import Driver
 from .._driver._protocol import stream_handle
 from .._errors import CudaError
-from ._common import _MISMATCH, SEEN, StreamArg, WeakDriver
+from ._common import _MISMATCH, SEEN, StreamArg, WeakDriver, check_progress
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
 __all__ = ("CudaWorkloadDriver", "CudaWorkloads")
 
-_KERNEL_NAMES: Final = ("spin", "check_frame", "trap")
+_KERNEL_NAMES: Final = ("spin", "check_frame", "trap", "progress")
 # CUDA_ERROR_NO_BINARY_FOR_GPU, CUDA_ERROR_INVALID_PTX, CUDA_ERROR_UNSUPPORTED_PTX_VERSION
 _NO_BINARY_FOR_GPU: Final = frozenset({209, 218, 222})
 _KERNELS: Final = Path(__file__).resolve().parent / "kernels"
+_INCLUDE: Final = Path(__file__).resolve().parents[1] / "include"
 
 
 class CudaWorkloadDriver(Driver, Protocol):
@@ -93,6 +95,31 @@ class CudaWorkloads(WeakDriver[CudaWorkloadDriver]):
         stream = stream_handle("launch_trap()", stream, self._driver, _MISMATCH)
         self._launch(stream, "trap", 1)
 
+    def launch_progress(
+        self,
+        stream: StreamArg,
+        word: int,
+        count: int,
+        ns: int,
+        *,
+        start: int = 0,
+        trap_at: int | None = None,
+        stamps: int | None = None,
+    ) -> None:
+        stream = stream_handle("launch_progress()", stream, self._driver, _MISMATCH)
+        trap = check_progress(word, count, ns, start, trap_at, stamps)
+        self._launch(
+            stream,
+            "progress",
+            1,
+            ctypes.c_void_p(word),
+            ctypes.c_uint64(start),
+            ctypes.c_uint32(count),
+            ctypes.c_uint64(ns),
+            ctypes.c_uint64(trap),
+            ctypes.c_void_p(stamps),
+        )
+
     # ------------------------------------------------------------------ loading
 
     def _launch(self, stream: int, name: str, threads: int, *args: Any) -> None:
@@ -152,7 +179,8 @@ class CudaWorkloads(WeakDriver[CudaWorkloadDriver]):
         prog = nvrtc.create_program(source, b"aiocudasem_kernels.cu", None, None)
         try:
             try:
-                nvrtc.compile_program(prog, [f"-arch=sm_{major}{minor}".encode()])
+                options = [f"-arch=sm_{major}{minor}".encode(), f"-I{_INCLUDE}".encode()]
+                nvrtc.compile_program(prog, options)
             except nvrtc.NvrtcError as exc:
                 log = nvrtc.get_program_log(prog).decode(errors="replace")
                 raise CudaError(f"NVRTC compile failed: {exc}\n{log}", 218, "NVRTC") from None

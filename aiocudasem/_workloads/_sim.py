@@ -11,7 +11,7 @@ import numpy as np
 
 from .._driver import Driver
 from .._driver._protocol import stream_handle
-from ._common import _MISMATCH, SEEN, StreamArg, WeakDriver, frame_words
+from ._common import _MISMATCH, SEEN, StreamArg, WeakDriver, check_progress, frame_words
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -21,9 +21,11 @@ __all__ = ("SimWorkloadDriver", "SimWorkloads")
 
 class SimWorkloadDriver(Driver, Protocol):
     """What the workloads use of the simulated device: the :class:`~aiocudasem._driver.Driver`
-    protocol, ``SimDriver.launch`` (a Python callable as a kernel) and its pinned memory."""
+    protocol, ``SimDriver.launch`` (a Python callable as a kernel), a kernel's store into host
+    memory and its pinned memory."""
 
     def launch(self, stream: int, fn: Callable[[], None]) -> None: ...
+    def kernel_store64(self, stream: int, address: int, value: int) -> None: ...
     def mem_host_alloc(self, nbytes: int) -> int: ...
     def mem_free_host(self, ptr: int) -> None: ...
 
@@ -70,3 +72,36 @@ class SimWorkloads(WeakDriver[SimWorkloadDriver]):
             raise _Trap
 
         self._driver.launch(stream, trap)  # CUDA_ERROR_LAUNCH_FAILED, as a real trap
+
+    def launch_progress(
+        self,
+        stream: StreamArg,
+        word: int,
+        count: int,
+        ns: int,
+        *,
+        start: int = 0,
+        trap_at: int | None = None,
+        stamps: int | None = None,
+    ) -> None:
+        stream = stream_handle("launch_progress()", stream, self._driver, _MISMATCH)
+        trap = check_progress(word, count, ns, start, trap_at, stamps)
+        drv = self._driver
+
+        def progress() -> None:
+            t0 = time.perf_counter()
+            for i in range(1, count + 1):
+                left = t0 + ns * i / count / 1e9 - time.perf_counter()
+                if left > 0:
+                    time.sleep(left)
+                value = start + i
+                if value == trap:
+                    raise _Trap
+                if stamps is not None:
+                    stamp = ctypes.c_uint64.from_address(stamps + 8 * (i - 1))
+                    stamp.value = time.perf_counter_ns()
+                # The page's registration is checked under the simulator's lock: a word
+                # unmapped under the kernel faults the device, as on a GPU, and ends it.
+                drv.kernel_store64(stream, word, value)
+
+        drv.launch(stream, progress)

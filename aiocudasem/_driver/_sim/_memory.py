@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING
 
 from ..._errors import UnsupportedFeatureError
 from ._semaphores import _Semaphores
-from ._status import _ALREADY_REGISTERED, _INVALID_VALUE, _NOT_REGISTERED, _U64, _error
+from ._status import (
+    _ALREADY_REGISTERED,
+    _INVALID_HANDLE,
+    _INVALID_VALUE,
+    _NOT_REGISTERED,
+    _U64,
+    _error,
+)
 from ._steps import _WordWait, _WordWrite
 
 if TYPE_CHECKING:
@@ -62,6 +69,27 @@ class _Memory(_Semaphores):
                 raise _error(_INVALID_VALUE, "cuStreamWriteValue64")
             self._word(s, address, "cuStreamWriteValue64")
             self._push(s, _WordWrite(address, value))
+
+    def kernel_store64(self, stream: int, address: int, value: int) -> None:
+        """What a kernel's store into registered host memory does (``aiocudasem_publish()``
+        of ``aiocudasem/progress.cuh``), for a simulated kernel that :meth:`launch` runs on
+        ``stream``: store ``value`` to the word at ``address``, a release, and let the streams
+        waiting on it look at once. It is called from the kernel, so it holds also on a stream
+        destroyed since the launch. An address that is not registered host memory of the
+        stream's device faults the device with CUDA_ERROR_ILLEGAL_ADDRESS, as the GPU's store
+        would (the kernel's page was unmapped under it, say), and raises ``DeviceFaultError``;
+        so does a device that faulted already. Not part of the :class:`Driver` protocol: the
+        workloads use it."""
+        what = "a kernel's store to host memory"
+        with self._lock:
+            s = self._streams.get(stream)
+            if s is None or not 0 <= value < _U64:
+                raise _error(_INVALID_HANDLE if s is None else _INVALID_VALUE, what)
+            self._check_device(s.device, what)
+            changed: list[object] = []
+            _WordWrite(address, value).attempt(self, s, changed)  # faults if not registered
+            self._check_device(s.device, what)
+            self._settle(changed)
 
     def notify_word(self, address: int) -> None:
         """Tell the simulated device that the host stored to the registered word at
