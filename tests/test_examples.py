@@ -355,3 +355,29 @@ def test_host_stage(driver: str, backend: str) -> None:
     assert lines[-1].startswith("9 requests in "), proc.stdout
     assert lines[-1].endswith(f"on driver '{driver}'"), proc.stdout
     assert proc.stderr == "", proc.stderr
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_kernel_progress(driver: str, backend: str) -> None:
+    proc = run_example(
+        "kernel_progress.py", "--driver", driver, "--backend", backend, "--steps", "300"
+    )
+    lines = proc.stdout.splitlines()
+    assert [line.split(" (")[0] for line in lines[:-1]] == [
+        f"step {n}/300" for n in range(30, 301, 30)
+    ], proc.stdout
+    assert re.fullmatch(
+        rf"300 steps awaited in [\d.]+ s on driver '{driver}', the process using \d+% of a core",
+        lines[-1],
+    ), proc.stdout
+    assert proc.stderr == "", proc.stderr
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_kernel_progress_trap(driver: str) -> None:
+    proc = run_example("kernel_progress.py", "--driver", driver, "--trap-at", "120", ok=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    last = proc.stdout.splitlines()[-1]
+    assert last.startswith("the kernel faulted after step 119: "), proc.stdout
+    assert "CUDA_ERROR_" in last, proc.stdout  # CUDA_ERROR_LAUNCH_FAILED on the simulator
