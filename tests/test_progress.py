@@ -96,7 +96,7 @@ async def test_waits_for_values_ahead_wake_in_order(sim: SimDriver) -> None:
     """Many tasks wait at once for values the kernel publishes later: each wakes once its own
     value is there, in the order the values come."""
     order: list[int] = []
-    async with progress_run(sim, 50, 250 * MS) as (t, _, _):
+    async with progress_run(sim, 50, 1000 * MS) as (t, _, _):
 
         async def wait(n: int) -> None:
             await t.wait_value(n)
