@@ -308,29 +308,11 @@ def detail_block(data: dict[str, Any]) -> str:
         lines.append(approach_row(label(name, results), name, f, summary, sync))
     for loop in ("uvloop", "trio"):
         lines += loop_detail(data, loop)
-    crowd = [
-        (name, f)
-        for name, f in summary.items()
-        if name not in NOT_APPROACHES and f and "many_p50_ms" in f
-    ]
-    if crowd:
-        lines += [
-            "",
-            "#### 10,000 awaiters on 64 streams, asyncio",
-            "",
-            "*Short*: 20 ms kernels, timed from before the launches (most coroutines find their "
-            "work done). *Parked*: 1.5 s kernels, timed from the kernels' end (every coroutine "
-            "parked before it). Milliseconds.",
-            "",
-            "| approach | short, p50 | short, p99 | parked, p50 | parked, p99 |",
-            "|---|---|---|---|---|",
-        ]
-        for name, f in crowd:
-            lines.append(
-                f"| {label(name, results)} | {spread(f.get('many_p50_ms'))} "
-                f"| {spread(f.get('many_p99_ms'))} | {spread(f.get('parked_p50_ms'))} "
-                f"| {spread(f.get('parked_p99_ms'))} |"
-            )
+    lines += crowd_table("asyncio", summary, results)
+    for loop in ("uvloop", "trio"):
+        lines += crowd_table(
+            loop, data["summary"].get(loop, {}), data.get("results", {}).get(loop, {})
+        )
     signal = summary.get("signal", {})
     if signal:
         lines += [
@@ -350,6 +332,35 @@ def detail_block(data: dict[str, Any]) -> str:
             )
             lines.append(f"| {label(name, data.get('signal', {}))} | {median} | {p99} |")
     return "\n".join(lines)
+
+
+def crowd_table(loop: str, sums: dict[str, Any], table: dict[str, Any]) -> list[str]:
+    """The two crowds of 10,000 awaiters on ``loop``, for each approach that ran them."""
+    crowd = [
+        (name, f)
+        for name, f in sums.items()
+        if name not in NOT_APPROACHES and f and "many_p50_ms" in f
+    ]
+    if not crowd:
+        return []
+    lines = [
+        "",
+        f"#### 10,000 awaiters on 64 streams, {loop}",
+        "",
+        "*Short*: 20 ms kernels, timed from before the launches (most coroutines find their "
+        "work done). *Parked*: 1.5 s kernels, timed from the kernels' end (every coroutine "
+        "parked before it). Milliseconds.",
+        "",
+        "| approach | short, p50 | short, p99 | parked, p50 | parked, p99 |",
+        "|---|---|---|---|---|",
+    ]
+    for name, f in crowd:
+        lines.append(
+            f"| {table.get(name, {}).get('label', name)} | {spread(f.get('many_p50_ms'))} "
+            f"| {spread(f.get('many_p99_ms'))} | {spread(f.get('parked_p50_ms'))} "
+            f"| {spread(f.get('parked_p99_ms'))} |"
+        )
+    return lines
 
 
 def loop_detail(data: dict[str, Any], loop: str) -> list[str]:
