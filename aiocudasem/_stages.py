@@ -47,7 +47,7 @@ import threading
 import weakref
 from collections.abc import Awaitable, Callable, Generator
 from functools import partial
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -71,7 +71,14 @@ if TYPE_CHECKING:
     from ._driver import Driver
     from ._stream import Stream
 
-__all__ = ("HostStage", "Stages", "enqueue_stage")
+__all__ = ("MAX_PENDING", "HostStage", "Stages", "enqueue_stage")
+
+#: The most stages pending on one stream. Behind a pending stage the stream holds everything
+#: enqueued after it, and the driver's queue of commands is finite: once it is full, the next
+#: enqueue blocks the calling thread until the GPU drains some. On the event loop's thread
+#: that is the loop that must run the stage, so it never drains: 1,000 stages enqueued at once
+#: (four commands each, and a kernel between them) hung that way on an H100.
+MAX_PENDING: Final = 32
 
 _T = TypeVar("_T")
 
@@ -512,6 +519,13 @@ def enqueue_stage(
                 "running: enqueue a stream's stages from one event loop at a time",
             )
             raise exc
+        if len(stages.pending) >= MAX_PENDING:
+            raise anyio.WouldBlock(
+                f"{MAX_PENDING} host stages are pending on this stream, the most it takes: await "
+                "an earlier stage before enqueuing another (the stream holds everything behind "
+                "a pending stage, and a full queue of GPU commands would block the event loop "
+                "that must run it)"
+            )
         value = stages.issued + 1
         pool = event_pool.free_list(driver, device)
         event = record_pooled(driver, device, pool, handle)  # the work before the stage

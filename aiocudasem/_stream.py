@@ -332,8 +332,12 @@ class Stream(OnDevice):
 
         Raises ``TypeError`` for anything but a coroutine function (a coroutine object
         included), ``anyio.ClosedResourceError`` for a closed stream, ``RuntimeError`` outside
-        a running event loop, ``anyio.BusyResourceError`` while stages of this stream are
-        pending on another event loop that still runs, :class:`UnsupportedFeatureError` on a
+        a running event loop, ``anyio.WouldBlock`` while 32 stages of this stream are pending
+        (await one first: the stream holds everything behind a pending stage, and a full queue
+        of GPU commands would block the event loop that must run it; keep the GPU work between
+        stages to a few hundred launches for the same reason),
+        ``anyio.BusyResourceError`` while stages of this stream are pending on another event
+        loop that still runs, :class:`UnsupportedFeatureError` on a
         stream that is capturing a CUDA graph, on a device without host timelines (see
         :func:`create_host_timeline`) and on an event loop other than asyncio, uvloop and
         trio, and :class:`CudaError` if the driver fails. See docs/stages.md.

@@ -11,6 +11,7 @@ import gc
 import logging
 import threading
 import time
+from collections import deque
 from typing import Any
 
 import anyio
@@ -18,7 +19,9 @@ import anyio.lowlevel
 import pytest
 
 import aiocudasem as acs
+from aiocudasem import HostStage
 from aiocudasem._notifier import _loops, current_notifier
+from aiocudasem._stages import MAX_PENDING
 from aiocudasem.lowlevel import statistics
 from aiocudasem.testing import SimDriver, hold
 
@@ -147,15 +150,15 @@ async def test_many_stages_in_a_row_keep_the_streams_order(sim: SimDriver) -> No
 
     async with acs.open_stream(driver=sim) as s:
         stages = []
-        for i in range(50):
+        for i in range(MAX_PENDING):
             log.kernel(sim, s, f"kernel {i}")
             stages.append(s.enqueue_host(stage, i))
         log.kernel(sim, s, "last")
         with anyio.fail_after(30):
             await s.wait_complete()
         assert all(st.done() for st in stages)
-        assert [await st for st in stages] == list(range(50))
-    expected = [f"{kind} {i}" for i in range(50) for kind in ("kernel", "stage")] + ["last"]
+        assert [await st for st in stages] == list(range(MAX_PENDING))
+    expected = [f"{k} {i}" for i in range(MAX_PENDING) for k in ("kernel", "stage")] + ["last"]
     assert log.names == expected
 
 
@@ -165,11 +168,40 @@ async def test_1000_stages(sim: SimDriver) -> None:
 
     async with acs.open_stream(driver=sim) as s:
         with anyio.fail_after(60):
-            stages = [s.enqueue_host(stage, i) for i in range(1000)]
-            assert [await st for st in stages] == [i * i for i in range(1000)]
+            window: deque[HostStage[int]] = deque()
+            results = []
+            for i in range(1000):
+                if len(window) == MAX_PENDING:
+                    results.append(await window.popleft())
+                window.append(s.enqueue_host(stage, i))
+            results += [await st for st in window]
+            assert results == [i * i for i in range(1000)]
             await s.wait_complete()
         assert s._stages is not None and s._stages.pending == {}
     assert statistics().armed == 0
+
+
+async def test_a_stream_takes_at_most_max_pending_stages(sim: SimDriver) -> None:
+    """Past the bound ``enqueue_host`` raises ``anyio.WouldBlock`` and enqueues nothing: on a
+    GPU a full queue of commands would block the loop that must run the stages."""
+    ran: list[int] = []
+
+    async def stage(i: int) -> int:
+        ran.append(i)
+        return i
+
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        stages = [s.enqueue_host(stage, i) for i in range(MAX_PENDING)]
+        with pytest.raises(anyio.WouldBlock, match="await an earlier stage"):
+            s.enqueue_host(stage, -1)
+        assert s._stages is not None and s._stages.issued == MAX_PENDING
+        gate.set()
+        with anyio.fail_after(30):
+            assert await stages[0] == 0
+            more = s.enqueue_host(stage, MAX_PENDING)  # room again
+            assert await more == MAX_PENDING
+    assert ran == [*range(MAX_PENDING), MAX_PENDING]
 
 
 async def test_a_wait_behind_a_stage_that_parks_first_does_not_hold_the_stage_up(

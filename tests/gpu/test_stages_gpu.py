@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import aiocudasem as acs
+from aiocudasem._stages import MAX_PENDING
 from aiocudasem.testing import SEEN, frame_words, workloads
 from tests.gpu.conftest import run_script
 
@@ -48,7 +49,8 @@ async def test_stages_fill_1000_frames_that_the_kernels_behind_them_check(
 ) -> None:
     """Stage n writes frame n into a ring slot; the kernel behind it checks every word. The
     stage reuses a slot with no other care: it runs after the kernel of the frame before in
-    that slot, which is ahead of it on the stream. All 1,000 are enqueued before any runs."""
+    that slot, which is ahead of it on the stream. Up to ``MAX_PENDING`` are pending at once
+    (more would fill the driver's queue of commands behind the first, and block the loop)."""
     frames, ring, words = 1000, 4, 1024
     p = Pinned(cuda, frames, ring, words)
 
@@ -58,10 +60,12 @@ async def test_stages_fill_1000_frames_that_the_kernels_behind_them_check(
     try:
         async with acs.open_stream(driver=cuda) as s:
             stages = []
-            for n in range(1, frames + 1):
-                stages.append(s.enqueue_host(fill, n))
-                p.work.launch_check_frame(s.handle, p.slot(n), words, n, p.out)
             with anyio.fail_after(60):
+                for n in range(1, frames + 1):
+                    if n > MAX_PENDING:
+                        await stages[n - 1 - MAX_PENDING]
+                    stages.append(s.enqueue_host(fill, n))
+                    p.work.launch_check_frame(s.handle, p.slot(n), words, n, p.out)
                 await s.wait_complete()
             assert all(st.done() for st in stages)
             bad = [n for n in range(1, frames + 1) if p.res[n] != SEEN]
