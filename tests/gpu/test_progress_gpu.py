@@ -142,6 +142,7 @@ import numpy as np
 from cuda.core import Device, LaunchConfig, Program, ProgramOptions, launch
 
 import aiocudasem as acs
+from aiocudasem.lowlevel import include_dir
 
 SOURCE = r'''
 #include <aiocudasem/progress.cuh>
@@ -223,14 +224,16 @@ async def main() -> None:
     steps = 100_000
     drv = acs.get_driver("cuda")
     data = cuda.to_device(np.zeros(128, dtype=np.float32))
-    async with acs.create_host_timeline(driver=drv) as t, acs.open_stream(driver=drv) as s:
-        solve[1, 128, cuda.external_stream(s.handle)](word_array(t), data, steps)
+    stream = cuda.stream()  # Numba's own: numba-cuda 0.30's external_stream() fails here
+    async with acs.create_host_timeline(driver=drv) as t:
+        solve[1, 128, stream](word_array(t), data, steps)
         seen = [0]
         with anyio.fail_after(60):
             for n in range(1, steps + 1, 997):
                 await t.wait_value(n)
                 seen.append(t.value)
-            await s.wait_complete()
+            await t.wait_value(steps)
+        stream.synchronize()  # the kernel has published its last step: it is ending
         assert seen == sorted(seen), seen
         assert t.value == steps, t.value
         print("published", t.value, "seen", len(seen))
