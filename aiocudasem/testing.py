@@ -19,6 +19,7 @@ from ._driver import get_driver
 from ._driver._sim import SimDriver as SimDriver
 from ._driver._sim import SimProducer as SimProducer
 from ._handles import HandleType
+from ._notifier import current_notifier
 from ._public import publish as _publish
 from ._semaphore import ExternalSemaphore, import_semaphore
 from ._stream import Stream
@@ -37,6 +38,7 @@ __all__ = (
     "frame_words",
     "hold",
     "import_sim_semaphore",
+    "wait_all_tasks_blocked",
     "workloads",
 )
 
@@ -93,6 +95,20 @@ def hold(stream: Stream) -> threading.Event:
 
     driver.launch(stream.handle, kernel)
     return gate
+
+
+async def wait_all_tasks_blocked() -> None:
+    """Return once every other task of the event loop is blocked: ``anyio.
+    wait_all_tasks_blocked()``, without its wait on asyncio.
+
+    anyio's asyncio backend looks again only 0.1 s after it finds a task that can run, and a
+    wait of this library that has just started can run for up to ``Tuning.spin_limit`` (its
+    checkpoint, then its spin) before it parks: right after a wait starts, anyio's call takes
+    about 0.1 s on asyncio. This one looks again after each pass of the loop, so it returns
+    within about the spin limit once the waits have parked. On trio it is anyio's, which trio
+    answers exactly. Like anyio's, it returns when every other task is blocked on anything,
+    not only on this library's waits, and never returns while a task keeps running."""
+    await current_notifier().loop.wait_all_tasks_blocked()
 
 
 _publish(__name__, globals(), __all__)

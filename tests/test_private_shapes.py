@@ -50,6 +50,27 @@ def test_asyncio_ready_queue_shape() -> None:
     assert _asyncio.ready_queue_of(object()) is None
 
 
+def test_asyncio_task_fut_waiter_shape() -> None:
+    """testing.wait_all_tasks_blocked() reads a task's ``_fut_waiter``, as anyio does."""
+
+    async def inside() -> None:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        task = loop.create_task(asyncio.wait_for(future, None))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert _asyncio.has_fut_waiter(task), (
+            f"asyncio's Task._fut_waiter is gone on Python {sys.version.split()[0]}: "
+            "testing.wait_all_tasks_blocked() falls back to anyio's, 0.1 s per look"
+        )
+        assert task._fut_waiter is not None  # type: ignore[attr-defined]
+        future.set_result(None)
+        await task
+        assert task._fut_waiter is None  # type: ignore[attr-defined]
+
+    asyncio.run(inside())
+
+
 def test_asyncio_future_callbacks_shape() -> None:
     """_hotpath's crowd wake reads a future's ``_callbacks``: (callback, context) pairs."""
 

@@ -6,7 +6,7 @@ import anyio
 import pytest
 
 import aiocudasem as acs
-from aiocudasem.testing import SimDriver, hold, import_sim_semaphore
+from aiocudasem.testing import SimDriver, hold, import_sim_semaphore, wait_all_tasks_blocked
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ async def test_kernel_runs_only_after_the_producer_signals(sim: SimDriver) -> No
         with anyio.fail_after(5):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(process_frame, stream, ready, done, 1, kernel)
-                await anyio.wait_all_tasks_blocked()
+                await wait_all_tasks_blocked()
                 assert seen == []  # the GPU side is still waiting:
                 assert peer.value == 0  # no kernel yet, no signal back
                 producer.signal(1)

@@ -15,7 +15,7 @@ import pytest
 from mycode import finished_within, process_frame
 
 import aiocudasem as acs
-from aiocudasem.testing import SimDriver, hold, import_sim_semaphore
+from aiocudasem.testing import SimDriver, hold, import_sim_semaphore, wait_all_tasks_blocked
 
 pytestmark = pytest.mark.anyio
 
@@ -48,7 +48,7 @@ async def test_kernel_runs_after_the_producer_signals(sim: SimDriver, stream: ac
         with anyio.fail_after(5):  # a bug fails the test instead of hanging it
             async with anyio.create_task_group() as tg:
                 tg.start_soon(process_frame, stream, ready, done, 7, kernel)
-                await anyio.wait_all_tasks_blocked()  # the task is parked on the GPU wait
+                await wait_all_tasks_blocked()  # the task is parked on the GPU wait
                 assert seen == []  # the kernel has not run
                 assert peer.value == 0
                 producer.signal(7)

@@ -9,13 +9,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-import anyio
 import pytest
 import pytest_asyncio
 from mycode import finished_within, process_frame
 
 import aiocudasem as acs
-from aiocudasem.testing import SimDriver, hold, import_sim_semaphore
+from aiocudasem.testing import SimDriver, hold, import_sim_semaphore, wait_all_tasks_blocked
 
 
 @pytest.fixture
@@ -40,7 +39,7 @@ async def test_kernel_runs_after_the_producer_signals(sim: SimDriver, stream: ac
 
     async with ready, done:
         task = asyncio.create_task(process_frame(stream, ready, done, 7, kernel))
-        await anyio.wait_all_tasks_blocked()  # the task is parked on the GPU wait
+        await wait_all_tasks_blocked()  # the task is parked on the GPU wait
         assert seen == []  # the kernel has not run
         assert peer.value == 0
         assert not task.done()

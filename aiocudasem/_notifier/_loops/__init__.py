@@ -14,6 +14,8 @@ of the loop it serves, made once per loop run by :func:`loop_adapter`:
 ``wake_crowd(sleepers)``      wakes a crowd in order, skipping those done
 ``fd_watcher(fd, callback)``  watches the notifier's fd while nobody is parked
 ``spawn(fn, name)``           runs a task of the library's own, which nobody awaits
+``wait_all_tasks_blocked()``  anyio's, looking again each pass on asyncio
+                              (``aiocudasem.testing``)
 ============================  ========================================================
 
 - :class:`LoopAdapter`, the generic one, serves any loop that anyio runs, through anyio's

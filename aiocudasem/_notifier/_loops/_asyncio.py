@@ -28,6 +28,9 @@ changes):
   and a spin always yields.
 - ``asyncio.Future._callbacks``, read by ``_hotpath.wake_in_turn()`` in C. Fallback:
   ``set_result()``.
+- ``asyncio.Task._fut_waiter``: the future a task awaits, which anyio's
+  ``wait_all_tasks_blocked()`` reads too, for :meth:`AsyncioLoop.wait_all_tasks_blocked`.
+  Fallback: anyio's, which looks again only 0.1 s after it finds a task runnable.
 - ``asyncio.coroutines._is_coroutine``, on Python 3.11 only: marking ``Stream.wait_complete``
   as a coroutine function. Fallback: unmarked, and only ``asyncio.iscoroutinefunction()``
   answers False.
@@ -54,6 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = (
     "AsyncioLoop",
+    "has_fut_waiter",
     "mark_coroutine_function",
     "ready_queue_of",
     "running_loop_getter",
@@ -98,9 +102,43 @@ class AsyncioLoop(LoopAdapter):
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
+    async def wait_all_tasks_blocked(self) -> None:
+        """As anyio's: return once every other task awaits a future not done yet. anyio's
+        looks again 0.1 s after it finds a runnable task, and a wait that has just started is
+        runnable through its spin (up to ``Tuning.spin_limit``) before it parks; this one looks
+        again after each pass of the loop, yielding on a future of its own so that two of them
+        see each other as blocked."""
+        this = asyncio.current_task()
+        if not has_fut_waiter(this):
+            await super().wait_all_tasks_blocked()
+            return
+        loop = self._loop
+        while True:
+            passing = loop.create_future()
+            loop.call_soon(_pass, passing)
+            await passing
+            for task in asyncio.all_tasks(loop):
+                if task is this:
+                    continue
+                waiter = task._fut_waiter  # type: ignore[attr-defined]
+                if waiter is None or waiter.done():
+                    break
+            else:
+                return
+
     def forget(self) -> None:
         self.serves_running_loop = never
         self.ready_queue = None
+
+
+def _pass(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def has_fut_waiter(task: object) -> bool:
+    """Whether a task shows the future it awaits as asyncio's own tasks do."""
+    return task is not None and hasattr(task, "_fut_waiter")
 
 
 class _ReaderWatcher:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+import anyio
+
 from ..._errors import UnsupportedFeatureError
 
 if TYPE_CHECKING:
@@ -100,6 +102,11 @@ class LoopAdapter:
             f"{name} needs a task of the library's own on the event loop, which only asyncio "
             "(uvloop included) and trio offer: run it on one of them"
         )
+
+    async def wait_all_tasks_blocked(self) -> None:
+        """Return once every other task of the loop is blocked: anyio's
+        ``wait_all_tasks_blocked()``, which is exact where the loop says so itself (trio)."""
+        await anyio.wait_all_tasks_blocked()
 
     def forget(self) -> None:
         """The loop has ended: drop what refers to it, so that it is not kept alive."""
