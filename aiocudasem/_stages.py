@@ -186,7 +186,8 @@ class HostStage(Generic[_T]):
       before it on the stream failed or was cancelled after it was enqueued; the ``__cause__``
       is that stage's error), and :class:`~aiocudasem.DeviceFaultError` if the device faults
       before its turn. Always a checkpoint. Cancelling the ``await`` abandons the wait only:
-      the stage goes on. Await it in the event loop that enqueued it.
+      the stage goes on. Await it in the event loop that enqueued it: from another,
+      ``await`` raises ``RuntimeError``.
     - :meth:`done` says whether it has ended; :meth:`cancel` cancels it.
     """
 
@@ -307,6 +308,11 @@ class HostStage(Generic[_T]):
         if self._finished:
             await anyio.lowlevel.checkpoint()
         else:
+            if anyio.lowlevel.current_token() != self._token:
+                raise RuntimeError(
+                    f"await the host stage {self._name} in the event loop that enqueued it: "
+                    "its end is announced there only"
+                )
             await self._done.wait()
         self._retrieved = True
         error = self._error
@@ -320,16 +326,21 @@ class HostStage(Generic[_T]):
 
     async def _run(self) -> None:
         """The stage's task: never raises (see the module)."""
-        outside = False
+        cause: BaseException | None = None
         try:
             result, error = await self._attempt()
-        except BaseException:
-            # Only a cancellation from outside reaches here: the loop cancels its tasks as it
-            # ends (or closes the notifier under the wait for the stage's turn).
-            outside = True
-        if outside:
-            why = "its task was cancelled from outside, as an ending event loop cancels its tasks"
+        except BaseException as exc:
+            # The loop's cancellation, from outside the stage's own scope: the loop cancels its
+            # tasks as it ends (or closes the notifier under the wait for the stage's turn), or
+            # the coroutine let out a cancellation that was not the stage's (chained below).
+            cause = exc
+        if cause is not None:
+            why = (
+                "a cancellation of the event loop that was not the stage's ended it (an ending "
+                "loop cancels its tasks; or the coroutine let one out: see __cause__)"
+            )
             result, error = None, self._cancelled(why)
+            error.__cause__ = cause
         self._finish(result, error)
 
     async def _attempt(self) -> tuple[_T | None, BaseException | None]:

@@ -410,9 +410,10 @@ class Stream(OnDevice):
 
         An owned stream first waits for its enqueued work, then is destroyed; if that wait is
         cancelled or fails, the stream is destroyed anyway (the driver frees it once its work
-        completes) and the exception propagates. A borrowed stream is only forgotten, once the
-        work before its last pending host stage (:meth:`enqueue_host`) has completed. Pending
-        host stages run to their end first; if the wait is cancelled, they are cancelled. Work
+        completes) and the exception propagates. A borrowed stream is only forgotten; while host
+        stages of it (:meth:`enqueue_host`) are pending, it first waits for all the work
+        enqueued on it so far, as an owned one does, which covers them. Pending host stages
+        run to their end first; if the wait is cancelled, they are cancelled. Work
         blocked on a wait whose producer is gone never completes: after a few seconds this
         logs a WARNING that names the stream's last waits, and goes on waiting (see
         ``ExternalSemaphore.abandon()`` and ``HostTimeline.abandon()``).

@@ -6,6 +6,7 @@ pending; and nothing is left behind."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import gc
 import logging
@@ -835,3 +836,47 @@ async def test_a_device_fault_before_its_turn(fault_watchdog: float) -> None:
     with anyio.fail_after(10), pytest.raises(acs.DeviceFaultError):
         await st
     s.close()
+
+
+async def test_awaiting_a_stage_from_another_event_loop_is_refused(sim: SimDriver) -> None:
+    """The stage's end is announced on its own loop only: another loop's await raises at once
+    (on trio, waking a task of another run from the stage's task would end the run)."""
+
+    async def stage() -> str:
+        return "done"
+
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        st = s.enqueue_host(stage)
+        seen: list[BaseException] = []
+
+        async def elsewhere() -> None:
+            try:
+                await st
+            except RuntimeError as exc:
+                seen.append(exc)
+
+        await anyio.to_thread.run_sync(lambda: anyio.run(elsewhere))
+        assert len(seen) == 1 and "event loop that enqueued it" in str(seen[0])
+        gate.set()
+        with anyio.fail_after(10):
+            assert await st == "done"
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # trio.Cancelled cannot be made
+async def test_a_loop_cancellation_let_out_by_the_coroutine_is_chained(sim: SimDriver) -> None:
+    """A cancellation that is not the stage's own (here one that the coroutine lets out: it
+    awaits a future that someone else cancelled) ends it with StageCancelledError, the
+    original as its cause."""
+    cancelled = anyio.get_cancelled_exc_class()
+
+    async def stage() -> None:
+        future = asyncio.get_running_loop().create_future()
+        future.cancel()
+        await future
+
+    async with acs.open_stream(driver=sim) as s:
+        st = s.enqueue_host(stage)
+        with anyio.fail_after(10), pytest.raises(acs.StageCancelledError) as info:
+            await st
+        assert isinstance(info.value.__cause__, cancelled)
