@@ -171,7 +171,13 @@ class IpcRecorder:
         the way out, and another says so if the limit passes. Then the event is destroyed and
         the pages released (after the work that writes the count, as
         :meth:`HostTimeline.aclose` does). Idempotent. Cancelling it releases at once, as
-        :meth:`close` does."""
+        :meth:`close` does. Raises ``TypeError``/``ValueError`` for a ``limit_s`` that is not
+        a number of seconds, before anything is released."""
+        if limit_s is not None:
+            if isinstance(limit_s, bool) or not isinstance(limit_s, int | float):
+                raise TypeError(f"limit_s must be a number of seconds or None, not {limit_s!r}")
+            if not limit_s >= 0:
+                raise ValueError(f"limit_s must be at least 0, got {limit_s}")
         if self.closed:
             await anyio.lowlevel.checkpoint()
             return
@@ -182,8 +188,10 @@ class IpcRecorder:
             raise
         self._acks.abandon()  # no GPU wait of a cut-short wait on it may hold its page
         self._event.close()
-        await self._timeline.aclose()
-        await self._acks.aclose()
+        try:
+            await self._timeline.aclose()
+        finally:  # cancelled: the acknowledgements' page goes too (by a thread of its own)
+            await _release(self._acks)
 
     async def _wait_for_consumers(self, limit_s: float | None) -> None:
         sent, acks = self._sent, self._acks
@@ -314,8 +322,14 @@ class IpcRecords:
 
     def enqueue_wait(self, stream: Stream, n: int) -> None:
         """Make the work enqueued on ``stream`` from now on wait, on the GPU, for record ``n``
-        (``Wait(count, n)``). Non-blocking. Raises as :meth:`Stream.enqueue_wait` does, and
-        ``TypeError``/``ValueError`` for an ``n`` outside [1, 2**63)."""
+        (``Wait(count, n)``). Non-blocking. Raises ``TypeError`` for anything but a
+        :class:`~aiocudasem.Stream`, ``TypeError``/``ValueError`` for an ``n`` outside
+        [1, 2**63), and what :meth:`Stream.enqueue_wait` raises."""
+        if not isinstance(stream, Stream):
+            raise TypeError(
+                f"enqueue_wait() takes an aiocudasem.Stream, not {type(stream).__name__}: adopt "
+                "a foreign stream with aiocudasem.Stream.adopt()"
+            )
         stream.enqueue_wait(Wait(self._timeline, _check_record(n)))
 
     def abandon(self) -> None:
@@ -323,7 +337,12 @@ class IpcRecords:
         ``HostTimeline.MAX``, so that every wait for a record, on this process's streams and
         host and on those of the other consumers, goes on without the producer; parked and
         later :meth:`wait_record` calls raise :class:`~aiocudasem.AbandonedError`. Then the
-        records can be released. Synchronous and idempotent."""
+        records can be released. Synchronous and idempotent; raises
+        ``anyio.ClosedResourceError`` once closed.
+
+        For a producer that is only stalled, not gone: its next record writes its number over
+        the count, which then goes back below ``MAX``. Abandon only a producer that will record
+        no more (stopped, or killed)."""
         self._timeline.abandon()
 
     def _acknowledge(self) -> None:
@@ -343,8 +362,10 @@ class IpcRecords:
         pass their waits on the count: :meth:`abandon` first if the producer is gone).
         Idempotent."""
         self._acknowledge()
-        await self._timeline.aclose()
-        await self._acks.aclose()
+        try:
+            await self._timeline.aclose()
+        finally:  # cancelled: the acknowledgements' page goes too (by a thread of its own)
+            await _release(self._acks)
 
     def close(self) -> None:
         """As :meth:`aclose`, with the pages released by a thread of their own. Idempotent."""
@@ -365,10 +386,18 @@ class IpcRecords:
 
 
 def _check_record(n: object) -> int:
-    value = check_uint("a record's number", n, LIMIT)
-    if value == 0:
-        raise ValueError("records are numbered from 1: wait_record(0) waits for nothing")
-    return value
+    if isinstance(n, int) and not isinstance(n, bool) and not 1 <= n < LIMIT:
+        raise ValueError(f"a record's number must be in [1, 2**63) (records count from 1), got {n}")
+    return check_uint("a record's number", n, LIMIT)
+
+
+async def _release(page: HostTimeline) -> None:
+    """Release ``page``; if cancelled, by a thread of its own (``close()``)."""
+    try:
+        await page.aclose()
+    except BaseException:
+        page.close()
+        raise
 
 
 def create_ipc_recorder(device: int = 0, *, driver: Driver | str | None = None) -> IpcRecorder:

@@ -419,3 +419,26 @@ if __name__ == "__main__":
             int(sys.argv[4]),
             int(sys.argv[5]),
         )
+
+
+async def test_a_cancelled_aclose_releases_both_pages(sim: SimDriver) -> None:
+    """Cancelled while the count's release waits for the stream that writes it, aclose()
+    still releases the acknowledgements' page (by a thread of its own), as close() would."""
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        recorder = acs.create_ipc_recorder(driver=sim)
+        recorder.record(s)
+        with anyio.move_on_after(0.3) as scope:
+            await recorder.aclose()
+        assert scope.cancelled_caught
+        assert recorder.closed and recorder.timeline.closed and recorder._acks.closed
+        gate.set()
+
+
+async def test_more_bad_input(sim: SimDriver) -> None:
+    async with acs.create_ipc_recorder(driver=sim) as recorder:
+        with pytest.raises(TypeError, match="limit_s"):
+            await recorder.aclose(limit_s="10")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="limit_s"):
+            await recorder.aclose(limit_s=-1)
+        assert not recorder.closed  # refused before anything was released
