@@ -9,6 +9,7 @@ capsule that ``__dlpack__`` returns is dropped unconsumed, which frees the expor
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Final
 
@@ -43,8 +44,10 @@ async def ready(*arrays: object, driver: Driver | str | None = None) -> None:
     device and awaits it once: one event and one notification for the lot, whichever streams
     of their libraries the producers ordered their work on. Arrays of different devices get a
     private stream each, awaited together; the call returns once all have passed. Every array
-    is checked before any is exported, so a bad one exports nothing. ``ready(x)`` of one array
-    is the same call.
+    is checked before any is exported (its DLPack methods, its device, and a ``stream``
+    parameter where the signature of its ``__dlpack__`` can be read), so a bad one exports
+    nothing. ``ready(x)`` of one array is the same call. Where arrays of several devices fail,
+    the first failure is raised, with the others (an exception group) as its ``__cause__``.
 
     cuda.core's buffers ignore the ``stream`` argument (their ``__dlpack__`` leaves stream
     order to the caller), so ``ready()`` refuses them: await the stream that wrote the buffer
@@ -95,9 +98,9 @@ async def ready(*arrays: object, driver: Driver | str | None = None) -> None:
     except BaseExceptionGroup as group:
         # One device's failure (a fault, a producer's error) cancels the others' waits: raise
         # it as itself, as the call of one device would.
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise
+        # With several, the first, and the group as its cause: the same type on every loop
+        # (trio cancels the others' waits before they fail; asyncio may let them fail too).
+        raise group.exceptions[0] from (group if len(group.exceptions) > 1 else None)
 
 
 def _checked(array: object) -> tuple[str, Callable[..., object], int, int]:
@@ -116,8 +119,27 @@ def _checked(array: object) -> tuple[str, Callable[..., object], int, int]:
             "when its data is ready: await the stream that wrote it with "
             "aiocudasem.wait_stream()"
         )
+    if _takes_stream(export) is False:
+        raise _no_stream(name)
     kind, ordinal = _device(device_of(), name)
     return name, export, kind, ordinal
+
+
+def _takes_stream(export: Callable[..., object]) -> bool | None:
+    """Whether ``export`` takes a ``stream`` argument, as its signature says; None where it
+    has none to read (a method written in C may not)."""
+    try:
+        params = inspect.signature(export).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return any(p.name == "stream" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _no_stream(name: str) -> TypeError:
+    return TypeError(
+        f"{name}.__dlpack__ takes no stream, so it cannot order its work before one of ours; "
+        "await its library's stream with wait_stream()"
+    )
 
 
 async def _ready_on(
@@ -131,10 +153,11 @@ async def _ready_on(
             try:
                 capsule = export(stream=stream)
             except TypeError as exc:
-                raise TypeError(
-                    f"{name}.__dlpack__ takes no stream, so it cannot order its work before "
-                    "one of ours; await its library's stream with wait_stream()"
-                ) from exc
+                # A signature that could not be read: Python's own complaint about the
+                # argument says that it takes no stream; any other is the producer's.
+                if "unexpected keyword argument 'stream'" in str(exc):
+                    raise _no_stream(name) from exc
+                raise
             del capsule  # never consumed: its destructor frees the export
 
     await wait_private_stream(drv, ordinal, export_to)

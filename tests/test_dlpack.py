@@ -224,3 +224,24 @@ async def test_a_fault_during_ready_of_two_devices_raises_as_itself(
                 sim.inject_fault(1)
     with pytest.raises(acs.DeviceFaultError):
         await s1.aclose()
+
+
+async def test_ready_checks_the_stream_parameter_before_exporting(sim: SimDriver) -> None:
+    """A ``__dlpack__`` without ``stream`` is refused before any array is exported; a
+    ``TypeError`` of the producer's own is the producer's, not taken for a missing stream."""
+
+    class NoStream(Producer):
+        def __dlpack__(self) -> object:  # type: ignore[override]
+            return object()
+
+    class Refuses(Producer):
+        def __dlpack__(self, *, stream: int | None = None, **kwargs: Any) -> object:
+            raise TypeError("float8 cannot be exported through DLPack")
+
+    async with acs.open_stream(driver=sim) as theirs:
+        good = Producer(sim, theirs)
+        with pytest.raises(TypeError, match="takes no stream"):
+            await acs.ready(good, NoStream(sim, theirs), driver=sim)
+        assert good.exports == []
+        with pytest.raises(TypeError, match="float8"):
+            await acs.ready(Refuses(sim, theirs), driver=sim)
