@@ -133,6 +133,19 @@ async def test_a_kernel_that_traps_midway_fails_the_wait(sim: SimDriver) -> None
 
 
 @pytest.mark.usefixtures("fault_watchdog")
+async def test_stamps_outside_pinned_memory_fault_the_device(sim: SimDriver) -> None:
+    """A stamps address that is no pinned memory of the workloads faults the device, as the
+    GPU's store would, and the wait raises: no crash of the process."""
+    async with acs.create_host_timeline(driver=sim) as t:
+        s = acs.open_stream(driver=sim)
+        workloads(sim).launch_progress(s, t.handle, 2, MS, stamps=8)
+        with anyio.fail_after(10), pytest.raises(acs.DeviceFaultError):
+            await s.wait_complete()
+        with pytest.raises(acs.DeviceFaultError):
+            await s.aclose()
+
+
+@pytest.mark.usefixtures("fault_watchdog")
 async def test_a_trap_wakes_every_task_parked_on_later_values(sim: SimDriver) -> None:
     errors: list[int] = []
     async with progress_run(sim, 100, 200 * MS, trap_at=30) as (t, _, _):

@@ -38,13 +38,31 @@ class SimWorkloads(WeakDriver[SimWorkloadDriver]):
     """The workloads of one ``SimDriver``, through the methods of :class:`SimWorkloadDriver`
     only."""
 
+    def __init__(self, driver: SimWorkloadDriver) -> None:
+        super().__init__(driver)
+        #: The pinned allocations made here, by address: their sizes. A simulated kernel
+        #: writes host memory through ctypes, so it checks its span against them (a stray
+        #: address would crash the process where a GPU faults the context).
+        self._spans: dict[int, int] = {}
+
     def alloc_pinned(self, nbytes: int) -> int:
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
             raise ValueError("nbytes must be a positive int")
-        return self._driver.mem_host_alloc(nbytes)
+        ptr = self._driver.mem_host_alloc(nbytes)
+        self._spans[ptr] = nbytes
+        return ptr
 
     def free_pinned(self, ptr: int) -> None:
         self._driver.mem_free_host(ptr)
+        self._spans.pop(ptr, None)
+
+    def _allocated(self, address: int, nbytes: int) -> bool:
+        """Whether ``nbytes`` at ``address`` lie in one pinned allocation of these
+        workloads."""
+        return any(
+            start <= address and address + nbytes <= start + size
+            for start, size in list(self._spans.items())
+        )
 
     def launch_spin(self, stream: StreamArg, ns: int) -> None:
         stream = stream_handle("launch_spin()", stream, self._driver, _MISMATCH)
@@ -98,6 +116,9 @@ class SimWorkloads(WeakDriver[SimWorkloadDriver]):
                 if value == trap:
                     raise _Trap
                 if stamps is not None:
+                    if not self._allocated(stamps + 8 * (i - 1), 8):
+                        # A GPU's store faults the context (an illegal address); so does this.
+                        raise _Trap("stamps: not pinned memory of alloc_pinned()")
                     stamp = ctypes.c_uint64.from_address(stamps + 8 * (i - 1))
                     stamp.value = time.perf_counter_ns()
                 # The page's registration is checked under the simulator's lock: a word

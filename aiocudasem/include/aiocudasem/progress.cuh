@@ -31,6 +31,12 @@ __device__ __forceinline__ unsigned long long *word_address(Word *word) {
     return reinterpret_cast<unsigned long long *>(word);
 }
 
+// A volatile word: the stores below are what makes each publish visible, not its type.
+template <typename Word>
+__device__ __forceinline__ unsigned long long *word_address(volatile Word *word) {
+    return word_address(const_cast<Word *>(word));
+}
+
 }  // namespace aiocudasem_detail
 
 // Publish `value` into the host timeline's word: a system-scope release store. One writer at a
@@ -60,7 +66,7 @@ __device__ __forceinline__ void aiocudasem_publish_max(Word *word, unsigned long
     (void)old;
 #else
     __threadfence_system();
-    atomicMax(p, value);
+    atomicMax_system(p, value);
 #endif
 }
 
