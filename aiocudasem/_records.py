@@ -314,7 +314,10 @@ class IpcRecords:
         """Wait until the work of record ``n`` has completed in the producer's process: no
         thread blocks and nothing polls (as :meth:`HostTimeline.wait_value`). A record
         completed already returns after a checkpoint; each record is awaited by its number,
-        so none is missed or counted twice. A checkpoint; cancelling abandons the wait only.
+        so none is missed or counted twice. A checkpoint; cancelling abandons the wait only:
+        its GPU wait stays enqueued, and the release (:meth:`aclose`) waits for it, so call
+        :meth:`abandon` first if the producer will record no more (as for
+        :meth:`HostTimeline.wait_value`).
         Raises ``TypeError``/``ValueError`` for an ``n`` outside [1, 2**63),
         ``anyio.ClosedResourceError`` once closed, and
         :class:`~aiocudasem.AbandonedError` once abandoned (before or during the wait)."""
