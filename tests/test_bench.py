@@ -674,3 +674,91 @@ def test_the_ready_section_gives_the_cost_per_array_labelled_simulated(tmp_path:
     assert table.count(" us | ") >= 2
     summary = proc.stdout.split("medians over 2 rounds):\n", 1)[1].splitlines()
     assert summary[0].startswith("  ready(), 64 arrays, per array: ready(*arrays) ")
+
+
+def test_the_stages_and_progress_sections_label_their_figures_simulated(tmp_path: Path) -> None:
+    """Host stages against a Python host callback (stall per stage over a floor without
+    stages, latency on an idle and a busy loop, paired per sample), and a kernel's progress
+    values awaited one by one against polling of the word, on every loop given, each in
+    interleaved rounds; the page's tables and the summary say that they are simulated."""
+    from aiocudasem.cli.bench._progress import APPROACHES as PROGRESS
+    from aiocudasem.cli.bench._progress import QUICK_COUNT
+    from aiocudasem.cli.bench._stages import APPROACHES as STAGES
+    from aiocudasem.cli.bench._stages import CONDITIONS, QUICK_SAMPLES, QUICK_STAGES
+
+    loops = ["asyncio", "trio"] if HAVE_TRIO else ["asyncio"]
+    out = tmp_path / "bench"
+    args = ["--driver", "sim", "--quick", "--repeats", "2", "--out", str(out)]
+    args += ["--sections", "progress,stages", "--loops", ",".join(loops)]
+    proc = _bench(tmp_path, *args, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "sections: stages, progress" in proc.stdout  # in the order they run
+    steps = [line for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert len([s for s in steps if "] stages " in s]) == len(loops) * 2 * 3
+    assert len([s for s in steps if "] progress " in s]) == len(loops) * 2 * len(PROGRESS)
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["sections"] == ["stages", "progress"] and data["results"] == {}
+    assert data["stages"]["other_work_turns"] >= 1
+    assert list(data["stages"]["loops"]) == loops and list(data["progress"]["loops"]) == loops
+    for loop in loops:
+        entry = data["stages"]["loops"][loop]
+        assert entry["stages"] == QUICK_STAGES and set(entry["labels"]) == set(STAGES)
+        assert [r["round"] for r in entry["rounds"]] == [0, 1]
+        for run in entry["rounds"]:
+            assert run["floor_us"] > 0 and set(run["window_us"]) == set(STAGES)
+            for name in STAGES:
+                stall = (run["window_us"][name] - run["floor_us"]) / QUICK_STAGES
+                assert run["stall_us"][name] == pytest.approx(stall)
+            for state in CONDITIONS:
+                for name in STAGES:
+                    lat = run["latency_us"][state][name]
+                    assert len(lat) == QUICK_SAMPLES and all(math.isfinite(x) for x in lat)
+        summary = data["summary"]["stages"][loop]
+        assert set(summary["stall_us"]) == set(STAGES)
+        assert all(f["runs"] == 2 for f in summary["stall_us"].values())
+        for state in CONDITIONS:
+            assert summary["stage_over_pycallback"][state]["n"] == 2 * QUICK_SAMPLES
+        prog = data["progress"]["loops"][loop]
+        assert prog["count"] == QUICK_COUNT and prog["clock"] == "common"
+        for run in prog["rounds"]:
+            for name in PROGRESS:
+                f = run[name]
+                assert len(f["wake_us"]) + f["late"] == QUICK_COUNT
+                assert f["cpu_pct"] > 0
+        # Busy polling spends a core; the library's wait is parked for most of the run.
+        cpu = data["summary"]["progress"][loop]
+        assert cpu["poll"]["cpu_pct"]["median"] > cpu["wait_value"]["cpu_pct"]["median"]
+    page = (out / "performance.md").read_text()
+    tag = " (SIMULATED device: not GPU figures)"
+    stages_page = page.split(f"## Host stages against a Python host callback{tag}", 1)[1]
+    head = "| loop | approach | stall per stage | latency, idle loop | latency, busy loop |"
+    assert head in stages_page
+    rows = [r for r in stages_page.split("\n## ", 1)[0].splitlines() if r.startswith("| ")]
+    assert len(rows) == 1 + len(loops) * (len(STAGES) + len(CONDITIONS))  # with the head
+    progress_page = page.split(f"## Kernel progress{tag}", 1)[1]
+    assert "The stamps and the host share one clock" in progress_page
+    assert "| loop | approach | wake latency, median / p99 | CPU | left out |" in progress_page
+    summary_text = proc.stdout.split("SIMULATED device, not GPU figures; medians over 2 ", 1)[1]
+    assert f"  stages on {loops[0]}, per stage (stall; latency on a busy loop): stage " in (
+        summary_text
+    )
+    assert f"  progress on {loops[0]}, wake after publish: wait_value " in summary_text
+
+
+def test_progress_on_a_gpu_gives_wakes_over_the_fastest_and_says_so() -> None:
+    """Without a clock that the GPU's stamps and the host share, the page says the wake
+    latencies are over the fastest wake of their round."""
+    from aiocudasem.cli.bench._report import progress_table
+
+    run = {"wake_us": [0.0, 4.0, 6.0], "late": 1, "cpu_pct": 2.5}
+    entry = {
+        "labels": {"wait_value": "await wait_value", "poll": "polling"},
+        "count": 4,
+        "interval_us": 1000.0,
+        "clock": "relative",
+        "rounds": [{"round": 0, "wait_value": run, "poll": run}],
+    }
+    page = "\n".join(progress_table({"loops": {"asyncio": entry}}, simulated=False))
+    assert "SIMULATED" not in page
+    assert "over the fastest wake of its round (either approach), taken as 0" in page
+    assert "| asyncio | await wait_value | 4.0 / 6.0 us | 2.5 % | 1 |" in page

@@ -5,6 +5,8 @@ in ``_DESCRIPTION`` below, which ``aiocudasem bench --help`` shows.
 - ``_measure``: the measurements, the interleaved rounds and the progress lines;
 - ``_signal``: host signal to stream resume, a host timeline beside a Vulkan timeline;
 - ``_ready``: ``ready()`` of several arrays in one call against one call each;
+- ``_stages``: host stages against a Python host callback, stall and latency;
+- ``_progress``: a kernel's progress values awaited one by one, against polling the word;
 - ``_report``: versions, the Markdown page and the plot.
 """
 
@@ -33,9 +35,10 @@ from .._common import (
     open_driver,
 )
 from ._approaches import ALL, LOOP_APPROACHES, for_loop
-from ._common import LOOPS, loop_backend, paired_ratios, run_on, say
+from ._common import LOOPS, calibrate, loop_backend, paired_ratios, run_on, say
 from ._curve import LENGTHS_NS, expected_s, run_curve
 from ._measure import Bench, Progress, run_main
+from ._progress import run_progress, summarize_progress
 from ._ready import SIZES as READY_SIZES
 from ._ready import run_ready, summarize_ready
 from ._report import (
@@ -51,11 +54,12 @@ from ._report import (
     versions,
 )
 from ._service import APPROACHES as SERVICE_APPROACHES
-from ._service import CONCURRENCY, calibrate, run_service, summarize_service
+from ._service import CONCURRENCY, run_service, summarize_service
 from ._signal import run_signal, summarize_signal
+from ._stages import QUICK_STAGES, STAGES, run_stages, summarize_stages
 
 #: The sections, in the order they run.
-SECTIONS = ("main", "curve", "service", "signal", "ready")
+SECTIONS = ("main", "curve", "service", "signal", "ready", "stages", "progress")
 
 _DESCRIPTION = """\
 Side-by-side benchmarks: how fast does async Python learn that GPU work is
@@ -63,7 +67,7 @@ done, and what does the waiting cost?
 
 Every approach waits on the same raw CUDA streams, with the same %globaltimer
 spin kernel, in one process and one run; peer libraries (CuPy, PyTorch,
-numba-cuda) wrap those streams, so they wait on exactly the same work. Five
+numba-cuda) wrap those streams, so they wait on exactly the same work. Seven
 sections, each on asyncio, asyncio on uvloop and trio where installed:
 
   main     wake latency (100 us kernel), throughput, CPU while 1,000
@@ -83,6 +87,17 @@ sections, each on asyncio, asyncio on uvloop and trio where installed:
            timeline and a Vulkan timeline semaphore
   ready    what ready() costs per array: ready(*arrays) of 8 and 64 arrays,
            against ready(x) of each (on the first event loop of --loops)
+  stages   host stages (stream.enqueue_host()) against a Python host
+           callback that takes the GIL on the driver's thread: the work
+           stream's GPU time per stage, 32 stages behind 50 us kernels, while
+           the loop runs other Python work (50 us passes), over the same
+           kernels with no stage; and the time from a 100 us kernel's end to
+           the stage's code starting, on an idle and on a busy loop
+  progress a kernel publishes values into a host timeline, 1 ms apart, each
+           awaited in order with wait_value(n), against busy polling of the
+           word: wake latency after each publish (from the kernel's own
+           stamps; on a GPU, whose clock the host does not share, over the
+           fastest wake of the round) and CPU while waiting
 
 Every measurement runs in interleaved rounds, ordered by a balanced Latin
 square (each approach in each position equally often); latency is given as
@@ -162,7 +177,8 @@ def _parser() -> argparse.ArgumentParser:
         "--loops",
         default=None,
         metavar="NAMES",
-        help="comma-separated event loops to run the main, curve and service sections on, "
+        help="comma-separated event loops to run the main, curve, service, stages and "
+        "progress sections on, "
         "and the ready section on the first of them, of "
         + ", ".join(LOOPS)
         + " (default: all; uvloop and trio where installed, with a warning where not)",
@@ -227,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     service: dict[str, Any] | None = None
     signal: dict[str, Any] | None = None
     ready: dict[str, Any] | None = None
+    stages: dict[str, Any] | None = None
+    progress: dict[str, Any] | None = None
     if "main" in sections:
         for loop in runnable:
             aps = [cls(drv) for cls in for_loop(loop, only or None)]
@@ -258,6 +276,10 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
+    if "stages" in sections and runnable:
+        stages = _stages_section(b, runnable, quick, repeats)
+    if "progress" in sections and runnable:
+        progress = _progress_section(b, runnable, quick, repeats)
     try:
         write(
             ns.out,
@@ -269,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
             curve=curve,
             service=service,
             ready=ready,
+            stages=stages,
+            progress=progress,
         )
     except BrokenPipeError:
         raise  # standard output, closed: the command line stops quietly
@@ -337,6 +361,62 @@ def _service_section(b: Bench, loops: list[str], quick: bool, repeats: int) -> d
     return out
 
 
+def _stages_section(b: Bench, loops: list[str], quick: bool, repeats: int) -> dict[str, Any]:
+    """The stages section on every loop of ``loops``."""
+    turns = calibrate()
+    steps = len(loops) * repeats * 3
+    say(
+        f"stages: host stage against a Python host callback, "
+        f"{QUICK_STAGES if quick else STAGES} stages per window, "
+        f"{rounds_text(repeats)} interleaved, on {', '.join(loops)}"
+    )
+    progress = Progress(steps)
+    out: dict[str, Any] = {"other_work_turns": turns, "loops": {}}
+    for loop in loops:
+        try:
+            out["loops"][loop] = run_on(
+                loop, run_stages, b.drv, b.launch, loop, quick, repeats, progress, turns
+            )
+        except Exception as exc:  # the figures measured so far still count
+            out["loops"][loop] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(
+                f"aiocudasem bench: warning: the stages section failed on {loop}: {exc!r}",
+                file=sys.stderr,
+                flush=True,
+            )
+        gc.collect()
+    return out
+
+
+def _progress_section(b: Bench, loops: list[str], quick: bool, repeats: int) -> dict[str, Any]:
+    """The progress section on every loop of ``loops``."""
+    from ._progress import APPROACHES, COUNT, INTERVAL_NS, QUICK_COUNT, QUICK_INTERVAL_NS
+
+    count, interval = (QUICK_COUNT, QUICK_INTERVAL_NS) if quick else (COUNT, INTERVAL_NS)
+    steps = len(loops) * repeats * len(APPROACHES)
+    say(
+        f"progress: {count} values, {interval / 1e6:g} ms apart, wait_value() against polling, "
+        f"{rounds_text(repeats)} interleaved, on {', '.join(loops)}; about "
+        f"{steps * count * interval / 1e9:.0f} s"
+    )
+    progress = Progress(steps, steps * count * interval / 1e9)
+    out: dict[str, Any] = {"loops": {}}
+    for loop in loops:
+        try:
+            out["loops"][loop] = run_on(
+                loop, run_progress, b.drv, b.work, loop, quick, repeats, progress
+            )
+        except Exception as exc:  # the figures measured so far still count
+            out["loops"][loop] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(
+                f"aiocudasem bench: warning: the progress section failed on {loop}: {exc!r}",
+                file=sys.stderr,
+                flush=True,
+            )
+        gc.collect()
+    return out
+
+
 def _approaches(n: int) -> str:
     return f"{n} approach" + ("" if n == 1 else "es")
 
@@ -391,6 +471,8 @@ def write(
     curve: dict[str, Any] | None = None,
     service: dict[str, Any] | None = None,
     ready: dict[str, Any] | None = None,
+    stages: dict[str, Any] | None = None,
+    progress: dict[str, Any] | None = None,
 ) -> None:
     """results.json (every run and the summary), the page (to ``page``: by default
     performance.md in ``out``; ``"-"``, standard output) and, if it can, latency.png (with
@@ -426,6 +508,20 @@ def write(
     if ready is not None:
         document["ready"] = ready
         summary["ready"] = summarize_ready(ready)
+    if stages is not None:
+        document["stages"] = stages
+        summary["stages"] = {
+            loop: summarize_stages(e)
+            for loop, e in stages.get("loops", {}).items()
+            if "error" not in e
+        }
+    if progress is not None:
+        document["progress"] = progress
+        summary["progress"] = {
+            loop: summarize_progress(e)
+            for loop, e in progress.get("loops", {}).items()
+            if "error" not in e
+        }
     if service is not None:
         document["service"] = service
         summary["service"] = {
@@ -467,6 +563,8 @@ def write(
             curve=curve,
             service=service,
             ready=ready,
+            stages=stages,
+            progress=progress,
             no_curve_plot=no_curve_plot,
             curve_link=link(curve_png),
         )
@@ -497,7 +595,7 @@ def write(
         if stale_png not in drawn and stale_png.exists():
             stale_png.unlink()
     if isinstance(to, Path):
-        lines = summary_lines(results, meta, signal, paired, ready)
+        lines = summary_lines(results, meta, signal, paired, ready, stages, progress)
         where = f"the full page, every approach and figure: {to}; every run: {out / 'results.json'}"
         say("\n".join([*lines, where]))
     else:

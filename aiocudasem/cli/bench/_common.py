@@ -8,6 +8,7 @@ import contextlib
 import gc
 import os
 import statistics
+import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Final, TypeVar
 
@@ -15,6 +16,9 @@ T = TypeVar("T")
 
 US = 1e-6
 KERNEL_NS = 100_000  # the 100 us kernel of the latency benchmark
+#: The loop's other work (the service and stages sections): a pass, in microseconds of pure
+#: Python.
+WORK_US = 50
 
 
 def thread_cpu() -> dict[int, tuple[str, int]]:
@@ -32,6 +36,27 @@ def thread_cpu() -> dict[int, tuple[str, int]]:
         except (OSError, IndexError, ValueError):
             continue
     return out
+
+
+def busy(n: int) -> int:
+    """Pure-Python work: ``n`` turns of a small loop."""
+    x = 0
+    for i in range(n):
+        x += i & 7
+    return x
+
+
+def calibrate(us: float = WORK_US) -> int:
+    """The turns of :func:`busy` that take about ``us`` microseconds here (the median of a few
+    tries)."""
+    n = 2000
+    tries = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        busy(n)
+        tries.append(time.perf_counter() - t0)
+    per_turn = statistics.median(tries) / n
+    return max(1, round(us * 1e-6 / per_turn))
 
 
 def say(msg: str) -> None:

@@ -14,11 +14,16 @@ import aiocudasem as acs
 
 from ._common import over_runs, paired_differences, paired_ratios, pct, spread
 from ._measure import PAIRED_APPROACHES, PARKED_KERNEL_NS
+from ._progress import APPROACHES as PROGRESS_APPROACHES
+from ._progress import summarize_progress
 from ._ready import SIZES as READY_SIZES
 from ._ready import WAYS as READY_WAYS
 from ._ready import median_ratio, summarize_ready
 from ._service import summarize_service
 from ._signal import summarize_signal
+from ._stages import APPROACHES as STAGE_APPROACHES
+from ._stages import CONDITIONS as STAGE_CONDITIONS
+from ._stages import STAGES, summarize_stages
 
 PARKED_S = PARKED_KERNEL_NS / 1e9
 
@@ -605,6 +610,106 @@ def service_table(service: dict[str, Any]) -> list[str]:
     ]
 
 
+def stages_table(stages: dict[str, Any], simulated: bool) -> list[str]:
+    """The stages section: a row per loop and approach."""
+    tag = " (SIMULATED device: not GPU figures)" if simulated else ""
+    loops = stages.get("loops", {})
+    if not loops:
+        return []
+    rows = []
+    for loop, entry in loops.items():
+        if "error" in entry:
+            rows.append(f"| {loop} | failed: {entry['error']} | | | |")
+            continue
+        f = summarize_stages(entry)
+        for name in STAGE_APPROACHES:
+            cells = [spread(f["stall_us"].get(name), "+.1f") + " us"]
+            for state in STAGE_CONDITIONS:
+                lat = f["latency"].get(state, {}).get(name, {})
+                cells.append(
+                    f"{spread(lat.get('median_us'), '.1f')} / {spread(lat.get('p99_us'), '.1f')} us"
+                )
+            rows.append(f"| {loop} | {entry['labels'][name]} | " + " | ".join(cells) + " |")
+        for state in STAGE_CONDITIONS:
+            d = f["stage_over_pycallback"].get(state)
+            if d and d.get("n"):
+                rows.append(
+                    f"| {loop} | stage less callback, paired per sample ({state} loop) | | "
+                    + " | ".join(
+                        f"{d['median']:+.1f} / {d['p99']:+.1f} us" if s == state else ""
+                        for s in STAGE_CONDITIONS
+                    )
+                    + " |"
+                )
+    first: dict[str, Any] = next((e for e in loops.values() if "error" not in e), {})
+    return [
+        "",
+        f"## Host stages against a Python host callback{tag}",
+        "",
+        f"Stall: the work stream's GPU time for {first.get('stages', STAGES)} x (50 us kernel "
+        "+ stage), timed by "
+        "events on that stream while the loop runs other Python work in passes of about 50 us, "
+        "less the same kernels with no stage in the same round, per stage (median round "
+        "[lowest-highest]). Latency: from a 100 us kernel's end (the host time from its launch "
+        "less its length, as the crowds' figures) to the stage's code starting (for the "
+        "callback, to the task awaiting it resuming), median / p99 of each round's samples, "
+        "median round [lowest-highest], on an idle loop and on the busy one; the paired rows "
+        "give the stage's latency less the callback's, sample by sample.",
+        "",
+        "| loop | approach | stall per stage | latency, idle loop | latency, busy loop |",
+        "|---|---|---|---|---|",
+        *rows,
+    ]
+
+
+def progress_table(progress: dict[str, Any], simulated: bool) -> list[str]:
+    """The progress section: a row per loop and approach."""
+    tag = " (SIMULATED device: not GPU figures)" if simulated else ""
+    loops = progress.get("loops", {})
+    if not loops:
+        return []
+    rows = []
+    relative = False
+    for loop, entry in loops.items():
+        if "error" in entry:
+            rows.append(f"| {loop} | failed: {entry['error']} | | | |")
+            continue
+        relative = relative or entry.get("clock") == "relative"
+        f = summarize_progress(entry)
+        for name in PROGRESS_APPROACHES:
+            fig = f.get(name, {})
+            rows.append(
+                f"| {loop} | {entry['labels'][name]} "
+                f"| {spread(fig.get('median_us'), '.1f')} / {spread(fig.get('p99_us'), '.1f')} us "
+                f"| {spread(fig.get('cpu_pct'), '.1f')} % | {fig.get('late', 0)} |"
+            )
+    first: dict[str, Any] = next((e for e in loops.values() if "error" not in e), {})
+    clock = (
+        " The kernel's stamps are the GPU's %globaltimer, whose origin the host's clock does "
+        "not share: each latency is over the fastest wake of its round (either approach), "
+        "taken as 0, not from the publish itself."
+        if relative
+        else " The stamps and the host share one clock: latencies are from the publish."
+    )
+    return [
+        "",
+        f"## Kernel progress{tag}",
+        "",
+        f"A kernel publishes {first.get('count', 'N')} values into a host timeline, "
+        f"{first.get('interval_us', 0) / 1000:g} ms apart, stamping its clock just before each; "
+        "the host awaits each value in order, with wait_value(n) or by polling the word, each "
+        "in its own kernel's run, in the same rounds. Wake latency: the host's clock when the "
+        "wait returned less the value's stamp, median / p99 of each round, median round "
+        "[lowest-highest]; a wait whose value was already there is left out (counted in the "
+        "last column). CPU: the process's CPU time over the kernel's run, in % of one core."
+        + clock,
+        "",
+        "| loop | approach | wake latency, median / p99 | CPU | left out |",
+        "|---|---|---|---|---|",
+        *rows,
+    ]
+
+
 def markdown(
     results: dict[str, Any],
     meta: dict[str, Any],
@@ -617,14 +722,16 @@ def markdown(
     no_curve_plot: str | None = None,
     curve_link: str = "curve.png",
     ready: dict[str, Any] | None = None,
+    stages: dict[str, Any] | None = None,
+    progress: dict[str, Any] | None = None,
 ) -> str:
     """The page. ``no_plot``: why there is no latency.png (then the page says so and links
     none); ``None``: link the plot, at ``plot_link`` (by default beside the page). ``signal``:
     the host-signal figures, if they were measured. ``paired``: the paired throughput rounds
     (``Bench.paired``). ``curve``, ``service``: those sections, if they ran; ``no_curve_plot``
     and ``curve_link`` are to curve.png what ``no_plot`` and ``plot_link`` are to
-    latency.png. ``ready``: the ready section, if it ran. A section that did not run has no
-    table."""
+    latency.png. ``ready``, ``stages``, ``progress``: those sections, if they ran. A section
+    that did not run has no table."""
     by_loop = loop_entries(results)
     lines = _header(meta)
     if "asyncio" in by_loop:
@@ -652,6 +759,10 @@ def markdown(
         lines += _signal_table(signal)
     if ready is not None:
         lines += _ready_table(ready, meta["simulated"])
+    if stages is not None:
+        lines += stages_table(stages, meta["simulated"])
+    if progress is not None:
+        lines += progress_table(progress, meta["simulated"])
     if by_loop:
         if no_plot is None:
             lines += ["", f"![latency distributions]({plot_link})", ""]
@@ -674,12 +785,15 @@ def summary_lines(
     signal: dict[str, Any] | None = None,
     paired: dict[str, Any] | None = None,
     ready: dict[str, Any] | None = None,
+    stages: dict[str, Any] | None = None,
+    progress: dict[str, Any] | None = None,
 ) -> list[str]:
     """The few lines printed at the end of a run, in place of the page: per loop, the wake
     latency and throughput of the library (or, where ``--only`` left it out, of the first
     other approach measured) and its paired ratio to busy polling on 8 streams, over those of
     blocking sync and busy polling; then the host-signal medians, and the ready section's
-    cost per array."""
+    cost per array; the stages' stall and busy-loop latency, and the progress wakes, on the
+    first loop of each."""
     tag = "SIMULATED device, not GPU figures; " if meta["simulated"] else ""
     lines = [f"summary ({tag}medians over {rounds_text(meta.get('repeats', 1))}):"]
     if loop_entries(results):
@@ -720,6 +834,31 @@ def summary_lines(
             f"  ready(), {n} arrays, per array: ready(*arrays) {fmt(batched, '.2f')} us, "
             f"ready(x) of each {fmt(each, '.2f')} us"
         )
+    st = next(
+        ((lp, e) for lp, e in (stages or {}).get("loops", {}).items() if "error" not in e), None
+    )
+    if st is not None:
+        sf = summarize_stages(st[1])
+        cells = []
+        for name in STAGE_APPROACHES:
+            stall = _median(sf["stall_us"], name)
+            busy = _median(sf["latency"].get("busy", {}).get(name, {}), "median_us")
+            cells.append(f"{name} {fmt(stall, '+.1f')} us stall, {fmt(busy, '.1f')} us")
+        lines.append(
+            f"  stages on {st[0]}, per stage (stall; latency on a busy loop): " + ", ".join(cells)
+        )
+    pr = next(
+        ((lp, e) for lp, e in (progress or {}).get("loops", {}).items() if "error" not in e), None
+    )
+    if pr is not None:
+        pf = summarize_progress(pr[1])
+        rel = " (over the fastest wake)" if pr[1].get("clock") == "relative" else ""
+        cells = [
+            f"{name} {fmt(_median(pf.get(name, {}), 'median_us'), '.1f')} us, "
+            f"CPU {fmt(_median(pf.get(name, {}), 'cpu_pct'), '.1f')} %"
+            for name in PROGRESS_APPROACHES
+        ]
+        lines.append(f"  progress on {pr[0]}, wake after publish{rel}: " + "; ".join(cells))
     return lines
 
 

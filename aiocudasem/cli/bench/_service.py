@@ -33,7 +33,7 @@ import anyio.lowlevel
 
 import aiocudasem as acs
 
-from ._common import balanced, gc_window, over_runs, pct, say
+from ._common import balanced, busy, gc_window, over_runs, pct, say
 
 CONCURRENCY: Final = (64, 1000)
 APPROACHES: Final = ("aiocudasem", "poll0", "to_thread")
@@ -45,34 +45,11 @@ LABELS: Final = {
 STREAMS: Final = 16
 KERNEL_NS: Final = (100_000, 2_000_000)
 SEED: Final = 2026
-#: The other work's pass, in microseconds of pure Python.
-WORK_US: Final = 50
 #: Each cell's window and the warm-up before it, in seconds; a smoke run's.
 WINDOW_S: Final = 1.0
 WARMUP_S: Final = 0.2
 QUICK_WINDOW_S: Final = 0.2
 QUICK_WARMUP_S: Final = 0.05
-
-
-def busy(n: int) -> int:
-    """Pure-Python work: ``n`` turns of a small loop."""
-    x = 0
-    for i in range(n):
-        x += i & 7
-    return x
-
-
-def calibrate(us: float = WORK_US) -> int:
-    """The turns of :func:`busy` that take about ``us`` microseconds here (the median of a few
-    tries)."""
-    n = 2000
-    tries = []
-    for _ in range(7):
-        t0 = time.perf_counter()
-        busy(n)
-        tries.append(time.perf_counter() - t0)
-    per_turn = statistics.median(tries) / n
-    return max(1, round(us * 1e-6 / per_turn))
 
 
 def waiter(name: str, loop: str, drv: acs.Driver) -> Callable[[int], Awaitable[None]]:
