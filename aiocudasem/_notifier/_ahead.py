@@ -49,7 +49,16 @@ if TYPE_CHECKING:
     from ._loops import FdWatcher, LoopAdapter, Sleeper
     from ._points import History
 
-__all__ = ("Alarms", "Doze", "learn_caught", "learn_early", "learn_late", "learn_parked", "plan")
+__all__ = (
+    "Alarms",
+    "Doze",
+    "learn_caught",
+    "learn_early",
+    "learn_late",
+    "learn_overran",
+    "learn_parked",
+    "plan",
+)
 
 #: The alarm's lateness assumed before any was measured, in seconds.
 LATE_DEFAULT: Final = 50e-6
@@ -262,6 +271,19 @@ def learn_late(history: History, bound: float, spun: float) -> None:
     work still running."""
     _learn(history, max(history.expect, bound))
     _learn_spin(history, spun)
+
+
+def learn_overran(history: History, took: float) -> None:
+    """After a spin that ran out (:func:`learn_late`), the wait parked again and ended
+    ``took`` seconds after it began, its wake-up included. The spin only showed that the
+    work ran past its window; this shows by how much, as an upper bound. Without it a stream
+    whose work grew moves its prediction by little more than its spin window per wait, its
+    error swelling as it goes: run through these rules, a stream that predicted 3 ms and now
+    runs 10 ms took 27 waits, each a spin that runs out and a parked wake-up, and ended with
+    an error of 4 ms. With it, 11 waits and 0.1 ms. The alarms that follow correct the
+    wake-up's excess downwards (:func:`learn_early`)."""
+    if took > history.expect:
+        history.expect += WEIGHT * (took - history.expect)
 
 
 def learn_parked(history: History, took: float) -> None:

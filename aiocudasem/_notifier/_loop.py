@@ -13,7 +13,15 @@ import anyio
 
 from .. import _hotpath
 from . import _tuning
-from ._ahead import Doze, learn_caught, learn_early, learn_late, learn_parked, plan
+from ._ahead import (
+    Doze,
+    learn_caught,
+    learn_early,
+    learn_late,
+    learn_overran,
+    learn_parked,
+    plan,
+)
 from ._chains import busy_elsewhere
 from ._loops import loop_adapter, never, wake
 from ._parking import Parking
@@ -255,6 +263,10 @@ class Notifier(Parking):
                     await checkpoint()
             finally:
                 counters.spinning -= 1
+            await self._park(point)
+            if point.done and point.error is None:
+                learn_overran(history, clock() - started)  # by how much it ran past
+            return
         await self._park(point)
 
     def shared_point(self, history: History, started: float) -> Point | None:
