@@ -18,7 +18,8 @@ Two blocks:
   work stream.
 - **results-detail**: every approach of the run on each loop, the crowds and the host-signal
   figures.
-- **results-curve**: the latency curve against the kernel's length and the busy service.
+- **results-curve**: the latency curve against the kernel's length, the busy service, host
+  stages against a Python host callback, and kernel progress.
 
 A block whose section the file lacks (a run of ``--sections curve,service``, say) is left as it
 is, and the file's own header says which run each block comes from.
@@ -50,7 +51,7 @@ PAGES: dict[str, tuple[str, ...]] = {
 #: aiocudasem's stall figure is the GPU time of this many (kernel + notification) pairs.
 STALL_AWAITS = 100
 #: The keys of a results file's summary that are not asyncio's approaches.
-NOT_APPROACHES = ("trio", "uvloop", "signal", "paired", "service")
+NOT_APPROACHES = ("trio", "uvloop", "signal", "paired", "service", "ready", "stages", "progress")
 
 Fig = dict[str, float] | None
 
@@ -494,11 +495,99 @@ def service_detail(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def stages_detail(data: dict[str, Any]) -> list[str]:
+    """Host stages against a Python host callback: a row per loop and approach, then the
+    paired differences."""
+    loops = data["summary"].get("stages", {})
+    if not loops:
+        return []
+    entries = data.get("stages", {}).get("loops", {})
+    n = next((e.get("stages") for e in entries.values() if "stages" in e), "N")
+    lines = [
+        "",
+        "#### Host stages against a Python host callback",
+        "",
+        f"Stall: the work stream's GPU time per stage, for {n} x (50 us kernel + stage) while "
+        "the loop runs other Python work (about 50 us per pass), over the same kernels with no "
+        "stage in the same round. Latency: from a 100 us kernel's end to the stage's code "
+        "starting (for the callback, to the task awaiting it resuming), median / p99, on an "
+        "idle and on the busy loop; the stage less the callback is paired sample by sample.",
+        "",
+        "| loop | approach | stall per stage | latency, idle loop | latency, busy loop |",
+        "|---|---|---|---|---|",
+    ]
+    for loop, f in loops.items():
+        labels = entries.get(loop, {}).get("labels", {})
+        for name, stall in f.get("stall_us", {}).items():
+            cells = [spread(stall, "+.1f", " us")]
+            for state in ("idle", "busy"):
+                lat = f.get("latency", {}).get(state, {}).get(name, {})
+                cells.append(
+                    f"{spread(lat.get('median_us'))} / {spread(lat.get('p99_us'), '.1f', ' us')}"
+                )
+            lines.append(f"| {loop} | {labels.get(name, name)} | " + " | ".join(cells) + " |")
+        paired = f.get("stage_over_pycallback", {})
+        if paired:
+            cells = [
+                f"{signed(d['median'])} / {signed(d['p99'])} us"
+                if (d := paired.get(state)) and d.get("n")
+                else "n/a"
+                for state in ("idle", "busy")
+            ]
+            lines.append(
+                f"| {loop} | stage less callback, paired per sample | | " + " | ".join(cells) + " |"
+            )
+    return lines
+
+
+def progress_detail(data: dict[str, Any]) -> list[str]:
+    """Kernel progress: a row per loop and approach."""
+    loops = data["summary"].get("progress", {})
+    if not loops:
+        return []
+    entries = data.get("progress", {}).get("loops", {})
+    relative = any(e.get("clock") == "relative" for e in entries.values())
+    first = next((e for e in entries.values() if "count" in e), {})
+    lines = [
+        "",
+        "#### Kernel progress",
+        "",
+        f"A kernel publishes {first.get('count', 'N')} values into a host timeline, "
+        f"{fmt(first.get('interval_us', 0) / 1000, '.1f')} ms apart, each awaited in order with "
+        "`wait_value(n)` or by polling the word; wake latency after the kernel's stamp before "
+        "each publish, median / p99, and CPU while waiting, in % of one core."
+        + (
+            " The stamps are the GPU's %globaltimer, whose origin the host's clock does not "
+            "share: latencies are over the fastest wake of their round, taken as 0."
+            if relative
+            else ""
+        ),
+        "",
+        "| loop | approach | wake latency, median / p99 | CPU |",
+        "|---|---|---|---|",
+    ]
+    for loop, by_ap in loops.items():
+        labels = entries.get(loop, {}).get("labels", {})
+        for name, f in by_ap.items():
+            lines.append(
+                f"| {loop} | {labels.get(name, name)} "
+                f"| {spread(f.get('median_us'))} / {spread(f.get('p99_us'), '.1f', ' us')} "
+                f"| {spread(f.get('cpu_pct'), '.1f', ' %')} |"
+            )
+    return lines
+
+
 def curve_block(data: dict[str, Any]) -> str:
-    """The latency curve against the kernel's length and the busy service, with the run's
-    header: a run of those sections alone (``--sections curve,service``) fills this block
-    only."""
-    return "\n".join(header(data) + curve_detail(data) + service_detail(data))
+    """The latency curve against the kernel's length, the busy service, host stages and kernel
+    progress, with the run's header: a run of those sections alone (``--sections
+    curve,service``, say) fills this block only."""
+    return "\n".join(
+        header(data)
+        + curve_detail(data)
+        + service_detail(data)
+        + stages_detail(data)
+        + progress_detail(data)
+    )
 
 
 def has_main(data: dict[str, Any]) -> bool:
@@ -507,8 +596,14 @@ def has_main(data: dict[str, Any]) -> bool:
 
 
 def has_curve(data: dict[str, Any]) -> bool:
-    """Whether the file holds the curve or the service (the results-curve block)."""
-    return bool(data.get("curve", {}).get("loops") or data["summary"].get("service"))
+    """Whether the file holds the curve, the service, the stages or the progress section (the
+    results-curve block)."""
+    return bool(
+        data.get("curve", {}).get("loops")
+        or data["summary"].get("service")
+        or data["summary"].get("stages")
+        or data["summary"].get("progress")
+    )
 
 
 BLOCKS = {"results": results_block, "results-detail": detail_block, "results-curve": curve_block}

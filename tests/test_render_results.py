@@ -250,3 +250,65 @@ def test_it_renders_uvloop_the_paired_latency_the_curve_and_the_service() -> Non
     assert "#### A busy service" not in script.detail_block(data)  # the curve block's
     # A file without them renders as before.
     assert "#### A busy service" not in script.curve_block(results())
+
+
+def test_a_run_of_stages_and_progress_renders_into_the_curve_block_only() -> None:
+    """The stages and progress sections fill the results-curve block (not the main ones), a
+    row per loop and approach, the paired differences, and, for a GPU's stamps, the note
+    that wakes are over the fastest one."""
+    script = load_script()
+    meta = results()["meta"]
+    data = {
+        "meta": meta,
+        "summary": {
+            "stages": {
+                "asyncio": {
+                    "stall_us": {"stage": fig(3.25, 2.0, 4.0), "pycallback": fig(40.0)},
+                    "latency": {
+                        "idle": {"stage": {"median_us": fig(20.0), "p99_us": fig(30.0)}},
+                        "busy": {"pycallback": {"median_us": fig(60.0), "p99_us": fig(90.0)}},
+                    },
+                    "stage_over_pycallback": {"idle": {"median": -5.0, "p99": 12.0, "n": 600}},
+                }
+            },
+            "progress": {
+                "trio": {
+                    "wait_value": {
+                        "median_us": fig(8.0),
+                        "p99_us": fig(20.0),
+                        "cpu_pct": fig(1.5),
+                        "late": 0,
+                    }
+                }
+            },
+        },
+        "stages": {
+            "loops": {"asyncio": {"stages": 32, "labels": {"stage": "host stage"}, "rounds": []}}
+        },
+        "progress": {
+            "loops": {
+                "trio": {
+                    "labels": {"wait_value": "wait_value(n)"},
+                    "count": 500,
+                    "interval_us": 1000.0,
+                    "clock": "relative",
+                    "rounds": [],
+                }
+            }
+        },
+    }
+    assert not script.has_main(data) and script.has_curve(data)
+    block = script.curve_block(data)
+    stages = block.split("#### Host stages against a Python host callback", 1)[1]
+    assert "for 32 x (50 us kernel + stage)" in stages
+    assert "| asyncio | host stage | +3.3 us [+2.0 to +4.0] | 20.0 / 30.0 us | n/a / n/a |" in (
+        stages
+    )
+    assert "| asyncio | pycallback | +40.0 us | n/a / n/a | 60.0 / 90.0 us |" in stages
+    assert "| asyncio | stage less callback, paired per sample | | -5.0 / +12.0 us | n/a |" in (
+        stages
+    )
+    progress = block.split("#### Kernel progress", 1)[1]
+    assert "500 values into a host timeline, 1.0 ms apart" in progress
+    assert "over the fastest wake of their round" in progress
+    assert "| trio | wait_value(n) | 8.0 / 20.0 us | 1.5 % |" in progress
