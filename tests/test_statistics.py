@@ -30,6 +30,9 @@ _PER_LOOP = (
     "drainer_wakeups",
     "completed",
     "faulted",
+    "ahead_caught",
+    "ahead_early",
+    "ahead_late",
 )
 
 

@@ -19,6 +19,7 @@ import aiocudasem as acs
 from aiocudasem import _hotpath, _notify
 from aiocudasem._notifier import _ahead
 from aiocudasem._notifier._current import current_notifier
+from aiocudasem.lowlevel import statistics
 from aiocudasem.testing import SimDriver, workloads
 from tests.conftest import open_fds
 
@@ -225,6 +226,9 @@ async def test_steady_long_waits_wake_ahead(sim: SimDriver) -> None:
         notifier = current_notifier()
         assert notifier._alarms.fired >= 3  # of 16; fewer on a loaded machine
         assert 0.004 < stream._history.expect < 0.010
+        s = statistics()  # how the waits that woke ahead ended, one count each
+        assert s.ahead_caught + s.ahead_early + s.ahead_late >= 3
+        assert s.ahead_caught >= 1
         assert notifier.statistics()["spinning"] == 0
         assert not notifier._alarms._heap  # nothing left set
 
@@ -247,6 +251,7 @@ async def test_work_that_ends_early_wakes_the_wait_as_a_parked_one(sim: SimDrive
         assert time.perf_counter() - t0 < 3
         notifier = current_notifier()
         assert notifier._alarms.fired == 0
+        assert (statistics().ahead_early, statistics().ahead_late) == (1, 0)
         assert not notifier._alarms._heap  # its alarm was taken back
         assert stream._history.expect < 5.0  # learnt: aim earlier
 
@@ -261,6 +266,7 @@ async def test_work_that_runs_long_parks_again_after_the_spin(sim: SimDriver) ->
         assert time.perf_counter() - t0 >= 0.29
         notifier = current_notifier()
         assert notifier._alarms.fired == 1
+        assert (statistics().ahead_caught, statistics().ahead_late) == (0, 1)
         # Learnt by how much it ran past, not only that it did (the spin's 2 ms window).
         assert stream._history.expect > 0.02 + 0.2 * (0.29 - 0.02)
         assert notifier.statistics()["spinning"] == 0

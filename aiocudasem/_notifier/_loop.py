@@ -110,6 +110,9 @@ class Notifier(Parking):
             "drainer_wakeups": self._wakeups,
             "completed": self._completed,
             "faulted": self._faulted,
+            "ahead_caught": self._ahead[0],
+            "ahead_early": self._ahead[1],
+            "ahead_late": self._ahead[2],
         }
 
     def may_spin(self) -> bool:
@@ -238,6 +241,7 @@ class Notifier(Parking):
             if point.done:  # its host function (or another waiter's query) came first
                 if point.error is None:
                     learn_early(history, clock() - started)
+                    self._ahead[1] += 1
                 return
         if self.may_spin():
             checkpoint, query, counters = self.checkpoint, self._query, self.counters
@@ -252,13 +256,16 @@ class Notifier(Parking):
                             now = clock()
                             if first:
                                 learn_early(history, now - started)
+                                self._ahead[1] += 1
                             else:
                                 learn_caught(history, now - started, now - began)
+                                self._ahead[0] += 1
                         return
                     first = False
                     now = clock()
                     if now >= spin_until:
                         learn_late(history, now - started, now - began)
+                        self._ahead[2] += 1
                         break
                     await checkpoint()
             finally:

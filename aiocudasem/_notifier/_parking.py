@@ -77,6 +77,8 @@ class Parking(Chains):
         self._check = False  # set by the watchdog thread: a device parked on has faulted
         self._wakeups = 0  # times the loop woke from the fd: its drainer, or the fd watcher
         self._faulted = 0  # points of this loop failed by a device fault
+        #: Waits that woke ahead, by how: [caught, early, late] (``statistics()``'s ahead_*).
+        self._ahead = [0, 0, 0]
 
     def _finish(self, point: Point, error: AiocudasemError | None) -> None:
         fault = None

@@ -18,7 +18,7 @@ __all__ = ("Statistics", "statistics")
 class Statistics:
     """The notifier's counters at one moment, from :func:`statistics`.
 
-    The first eleven describe the notifier of the event loop that :func:`statistics` was
+    The first fourteen describe the notifier of the event loop that :func:`statistics` was
     called in; they are all zero outside a running loop and in a loop that has no open notifier
     (none of its waits has needed one yet, or it is shutting down). The last six are
     process-wide.
@@ -60,6 +60,15 @@ class Statistics:
     #: point however many coroutines waited on it (a wait whose first query reports the fault
     #: has no point and is not counted).
     faulted: int = 0
+    #: Waits of this loop that woke ahead (docs/architecture.md, "Waking ahead") and whose
+    #: spin then saw the work end: the prediction held.
+    ahead_caught: int = 0
+    #: Waits that woke ahead too late: the work was done before the alarm or at its first
+    #: query, and the wait paid the parked wake-up (or nearly).
+    ahead_early: int = 0
+    #: Waits that woke ahead too early: the spin ran out with the work still running, and the
+    #: wait parked again.
+    ahead_late: int = 0
     #: Open notifiers in the process: one per event loop that has waited and not ended.
     notifiers: int = 0
     #: Side streams in the process, across drivers.
