@@ -435,7 +435,10 @@ def curve_detail(data: dict[str, Any]) -> list[str]:
         "#### Wake latency and CPU against the kernel's length",
         "",
         "Each cell: the median / p99 of the per-round differences to blocking sync, in "
-        "microseconds, and the CPU while waiting, in % of one core.",
+        "microseconds, and the CPU while waiting, in % of one core. *ahead c/e/l*: how "
+        "aiocudasem's waits that woke ahead ended, where the run counted them: caught by the "
+        "spin after the alarm, early (the alarm came after the work's end) or late (the spin "
+        "ran out and the wait parked again).",
     ]
     for loop, by_length in loops.items():
         lines += [
@@ -459,10 +462,19 @@ def curve_detail(data: dict[str, Any]) -> list[str]:
                     continue
                 cells.append(
                     f"{signed(f['over_sync_median_us'])} / {signed(f['over_sync_p99_us'])} us; "
-                    f"{_pct(f.get('cpu_pct'))}"
+                    f"{_pct(f.get('cpu_pct'))}{ahead_note(f)}"
                 )
             lines.append(f"| {_length(length)} | " + " | ".join(cells) + " |")
     return lines
+
+
+def ahead_note(fig: dict[str, Any]) -> str:
+    """How the waits that woke ahead ended, caught / early / late, where the run counted
+    them and any did."""
+    a = fig.get("ahead") or {}
+    if not sum(a.values()):
+        return ""
+    return f"; ahead {a.get('caught', 0)}/{a.get('early', 0)}/{a.get('late', 0)}"
 
 
 def service_detail(data: dict[str, Any]) -> list[str]:

@@ -17,6 +17,7 @@ import time
 from typing import Any, Final
 
 import aiocudasem as acs
+from aiocudasem.lowlevel import statistics as library_statistics
 
 from ._approaches import (
     Aiocudasem,
@@ -94,6 +95,7 @@ async def measure_length(
     wall: dict[str, float] = dict.fromkeys(lat, 0.0)
     budget = s["cell_s"] * len(aps)
     rounds = 0
+    before = statistics_of_ahead()
     # One short window for the whole length (a second or two): the collector off, after a
     # full collection; see gc_window.
     with gc_window(short=True):
@@ -107,6 +109,9 @@ async def measure_length(
                 cpu[ap.name] += spent
                 wall[ap.name] += took
             rounds += 1
+    # Only the library's default approach wakes ahead (spinning off plans nothing): how its
+    # waits that did so ended, to tell a prediction that holds from alarms too late or early.
+    ahead = {k: v - before[k] for k, v in statistics_of_ahead().items()}
     out: dict[str, Any] = {}
     for ap in aps:
         xs = lat[ap.name]
@@ -120,6 +125,8 @@ async def measure_length(
             d = differences(xs, lat["sync"])
             fig["over_sync_median_us"] = d["median"]
             fig["over_sync_p99_us"] = d["p99"]
+        if ap.name == "aiocudasem":
+            fig["ahead"] = ahead
         out[ap.name] = fig
     return out
 
@@ -153,12 +160,23 @@ async def run_curve(
                 f"{figs['event_thread']['over_sync_median_us']:+.1f}; CPU "
                 f"{_pct(mine['cpu_pct'])} / {_pct(figs['event_thread']['cpu_pct'])} "
                 "(aiocudasem / event thread), "
-                f"{mine['rounds']} rounds"
+                f"{mine['rounds']} rounds; woke ahead: {_ahead(mine)}"
             )
     finally:
         for ap in aps:
             ap.close()
     return out
+
+
+def statistics_of_ahead() -> dict[str, int]:
+    """The running loop's counts of waits that woke ahead, by how they ended."""
+    s = library_statistics()
+    return {"caught": s.ahead_caught, "early": s.ahead_early, "late": s.ahead_late}
+
+
+def _ahead(fig: dict[str, Any]) -> str:
+    a = fig.get("ahead") or {}
+    return f"{a.get('caught', 0)} caught, {a.get('early', 0)} early, {a.get('late', 0)} late"
 
 
 def _pct(x: float | None) -> str:

@@ -523,7 +523,9 @@ def curve_table(curve: dict[str, Any]) -> list[str]:
         "approach waited (CPU time of all threads over the wall time of its waits), in % of "
         "one core. *event thread* is a thread blocked in `cuEventSynchronize` on an event "
         "created with the blocking-sync flag, which then wakes the loop: the floor for any "
-        "approach that does not spin.",
+        "approach that does not spin. *ahead c/e/l*: how aiocudasem's waits that woke ahead "
+        "ended: caught by the spin after the alarm, early (the alarm came after the work's "
+        "end) or late (the spin ran out and the wait parked again).",
     ]
     names = ("aiocudasem", "aiocudasem_parked", "poll0", "event_thread")
     heads = ("aiocudasem", "aiocudasem, spinning off", "busy polling", "event thread")
@@ -550,9 +552,11 @@ def curve_table(curve: dict[str, Any]) -> list[str]:
                 if not f:
                     cells.append("n/a")
                     continue
+                a = f.get("ahead") or {}
+                note = f"; ahead {a['caught']}/{a['early']}/{a['late']}" if sum(a.values()) else ""
                 cells.append(
                     f"{_us(f.get('over_sync_median_us'), '+.1f')} / "
-                    f"{_us(f.get('over_sync_p99_us'), '+.1f')} us; {_cpu(f.get('cpu_pct'))}"
+                    f"{_us(f.get('over_sync_p99_us'), '+.1f')} us; {_cpu(f.get('cpu_pct'))}{note}"
                 )
             lines.append(f"| {_length(length)} | " + " | ".join(cells) + " |")
     return lines
