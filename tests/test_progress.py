@@ -89,7 +89,9 @@ async def test_1000_values_over_2_s_are_each_awaited_in_order(sim: SimDriver) ->
     )
     assert wall >= 1.9  # the kernel's pace, not the host's
     assert np.median(latency) < 1e9  # sanity only
-    assert cpu < 0.75 * wall, f"{cpu:.2f} s of CPU in {wall:.2f} s"
+    # No host thread polls the word: a poll would take a whole core on top of the simulated
+    # kernel's own Python (about a third of one). Loose, for a loaded machine.
+    assert cpu < 1.0 * wall, f"{cpu:.2f} s of CPU in {wall:.2f} s"
 
 
 async def test_waits_for_values_ahead_wake_in_order(sim: SimDriver) -> None:

@@ -186,6 +186,47 @@ def test_stream_is_fifo(sim: Sim) -> None:
     assert drv.stream_device(sim.stream(1)) == 1
 
 
+def test_an_enqueue_on_a_full_stream_blocks_until_the_device_drains_one(sim: Sim) -> None:
+    """As a GPU's queue of commands: once a stream holds ``queue_depth`` operations, the next
+    enqueue blocks the calling thread until one completes (or the device faults)."""
+    drv, s = sim.drv, sim.stream()
+    drv.queue_depth = 4
+    gate = sim.gate(s)
+    for _ in range(3):
+        drv.launch(s, lambda: None)  # four held now, the gate included
+    enqueued = threading.Event()
+    t = threading.Thread(target=lambda: (drv.launch(s, lambda: None), enqueued.set()))
+    t.start()
+    assert not enqueued.wait(SHORT)  # blocked: the stream is full
+    gate.set()
+    assert enqueued.wait(TIMEOUT)
+    t.join(TIMEOUT)
+    sync(drv, s)
+
+
+def test_a_fault_releases_an_enqueue_blocked_on_a_full_stream(sim: Sim) -> None:
+    drv, s = sim.drv, sim.stream()
+    drv.queue_depth = 2
+    sim.gate(s)
+    drv.launch(s, lambda: None)
+    done: list[BaseException | None] = []
+
+    def enqueue() -> None:
+        try:
+            drv.launch(s, lambda: None)
+            done.append(None)
+        except BaseException as exc:  # the fault, if the launch looks again
+            done.append(exc)
+
+    t = threading.Thread(target=enqueue)
+    t.start()
+    t.join(SHORT)
+    assert t.is_alive()
+    drv.inject_fault(0)
+    t.join(TIMEOUT)
+    assert not t.is_alive() and len(done) == 1
+
+
 def test_stream_query_reflects_completion(sim: Sim) -> None:
     drv, s = sim.drv, sim.stream()
     assert drv.stream_query(s)  # nothing enqueued

@@ -24,7 +24,7 @@ from aiocudasem import HostStage
 from aiocudasem._notifier import _loops, current_notifier
 from aiocudasem._stages import MAX_PENDING
 from aiocudasem.lowlevel import statistics
-from aiocudasem.testing import SimDriver, hold
+from aiocudasem.testing import SimDriver, hold, workloads
 
 pytestmark = pytest.mark.anyio
 
@@ -880,3 +880,26 @@ async def test_a_loop_cancellation_let_out_by_the_coroutine_is_chained(sim: SimD
         with anyio.fail_after(10), pytest.raises(acs.StageCancelledError) as info:
             await st
         assert isinstance(info.value.__cause__, cancelled)
+
+
+async def test_max_pending_stages_with_a_kernel_each_fit_the_queue_of_commands(
+    sim: SimDriver,
+) -> None:
+    """The bound on pending stages keeps a stream's queue of commands (which the simulated
+    device models, 4,096 deep by default) from filling behind a stage: a full queue would block
+    the loop that must run the stage, on a GPU as here."""
+
+    async def stage(i: int) -> int:
+        return i
+
+    async with acs.open_stream(driver=sim) as s:
+        gate = hold(s)
+        stages = []
+        for i in range(MAX_PENDING):
+            stages.append(s.enqueue_host(stage, i))
+            workloads(sim).launch_spin(s, 1000)
+        held = len(sim._streams[s.handle].ops)
+        assert held <= sim.queue_depth // 4, held  # room to spare for the work between them
+        gate.set()
+        with anyio.fail_after(30):
+            assert [await st for st in stages] == list(range(MAX_PENDING))

@@ -40,7 +40,11 @@ class SimDriver(_Ipc):
     next.
 
     ``stream_mem_ops=False`` models a device without 64-bit stream memory operations: host
-    timelines are refused on it, as the real driver refuses them on such a GPU."""
+    timelines are refused on it, as the real driver refuses them on such a GPU.
+
+    ``queue_depth`` (an attribute, 4,096 by default) is how many operations a stream holds:
+    an enqueue past that blocks the calling thread until the stream drains one or its device
+    faults, as a GPU's full queue of commands does. A test may lower it."""
 
     simulated = True
 

@@ -41,6 +41,11 @@ _POLL_MAX_S: Final = 0.02
 # function starts another. A stream blocked in a wait needs no thread: whatever satisfies the
 # wait completes it.
 _IDLE_S: Final = 0.25
+#: How many operations a stream holds before an enqueue on it blocks the calling thread until
+#: the device drains one, as a GPU's queue of commands does once it is full. A GPU's depth
+#: depends on the driver and the GPU (an H100 blocked an enqueue with fewer than 5,000
+#: operations pending on a stream); a test may set a ``SimDriver``'s ``queue_depth`` lower.
+QUEUE_DEPTH: Final = 4096
 
 
 class _Core:
@@ -86,6 +91,10 @@ class _Core:
         self._host_fns: dict[int, Callable[[int | None], None]] = {}
         self._blocked: dict[int, int] = {}  # device -> streams blocked in a semaphore wait
         self._pinned: dict[int, ctypes.Array[ctypes.c_char]] = {}  # mem_host_alloc's memory
+        #: See QUEUE_DEPTH. Threads blocked in an enqueue on a full stream wait on ``_room``.
+        self.queue_depth = QUEUE_DEPTH
+        self._room = threading.Condition(self._lock)
+        self._room_waiters = 0
         # The legacy default stream, handle 0, on device 0.
         self._streams[0] = _Stream(0, 0, self._lock)
 
@@ -111,6 +120,8 @@ class _Core:
         for w in self._watchers.pop(("fault", ordinal), {}):
             assert isinstance(w, threading.Condition)
             w.notify()
+        if self._room_waiters:
+            self._room.notify_all()
         for s in list(self._streams.values()):
             if s.device == ordinal:
                 s.ops.clear()
@@ -152,7 +163,14 @@ class _Core:
     # ------------------------------------------------------------------ moving work along
 
     def _push(self, s: _Stream, op: Callable[[], None] | _Step) -> None:
-        # Called with the lock held.
+        # Called with the lock held. A full stream blocks the caller, as a GPU's full queue
+        # of commands does, until the device drains an operation, faults, or the stream goes.
+        while len(s.ops) >= self.queue_depth and s.device not in self._faults and not s.destroyed:
+            self._room_waiters += 1
+            try:
+                self._room.wait()
+            finally:
+                self._room_waiters -= 1
         s.ops.append(op)
         s.submitted += 1
         if len(s.ops) == 1:  # at the head: otherwise what is ahead of it moves it on
@@ -191,6 +209,8 @@ class _Core:
             ops.popleft()
             s.done += 1
             changed.append(s)
+            if self._room_waiters:
+                self._room.notify_all()
         if s.destroyed and s.thread is None:
             self._streams.pop(s.handle, None)
 
@@ -252,6 +272,8 @@ class _Core:
                 if s.ops and s.ops[0] is op:  # else a fault dropped it
                     s.ops.popleft()
                     s.done += 1
+                    if self._room_waiters:
+                        self._room.notify_all()
                     changed.append(s)
                     self._advance(s, changed)
                     self._settle(changed)

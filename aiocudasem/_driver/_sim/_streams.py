@@ -85,6 +85,8 @@ class _Streams(_Graphs):
             # Like the driver: returns at once, pending work still completes. Until then the
             # stream costs a thread only while it has a kernel or host function to run.
             s.destroyed = True
+            if self._room_waiters:  # an enqueue blocked on the full stream goes on
+                self._room.notify_all()
             if s.thread is not None:
                 s.cond.notify()
             elif not s.ops:
