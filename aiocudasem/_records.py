@@ -190,8 +190,8 @@ class IpcRecorder:
         self._event.close()
         try:
             await self._timeline.aclose()
-        finally:  # cancelled: the acknowledgements' page goes too (by a thread of its own)
-            await _release(self._acks)
+        finally:  # cancelled too: its aclose() claims the page, and a thread releases it
+            await self._acks.aclose()
 
     async def _wait_for_consumers(self, limit_s: float | None) -> None:
         sent, acks = self._sent, self._acks
@@ -367,8 +367,8 @@ class IpcRecords:
         self._acknowledge()
         try:
             await self._timeline.aclose()
-        finally:  # cancelled: the acknowledgements' page goes too (by a thread of its own)
-            await _release(self._acks)
+        finally:  # cancelled too: its aclose() claims the page, and a thread releases it
+            await self._acks.aclose()
 
     def close(self) -> None:
         """As :meth:`aclose`, with the pages released by a thread of their own. Idempotent."""
@@ -392,15 +392,6 @@ def _check_record(n: object) -> int:
     if isinstance(n, int) and not isinstance(n, bool) and not 1 <= n < LIMIT:
         raise ValueError(f"a record's number must be in [1, 2**63) (records count from 1), got {n}")
     return check_uint("a record's number", n, LIMIT)
-
-
-async def _release(page: HostTimeline) -> None:
-    """Release ``page``; if cancelled, by a thread of its own (``close()``)."""
-    try:
-        await page.aclose()
-    except BaseException:
-        page.close()
-        raise
 
 
 def create_ipc_recorder(device: int = 0, *, driver: Driver | str | None = None) -> IpcRecorder:
