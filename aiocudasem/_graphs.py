@@ -24,7 +24,7 @@ from ._driver import Driver
 from ._entries import Signal, Wait, driver_label, entry_list
 from ._errors import CudaError, DeviceMismatchError
 from ._semaphore import ExternalSemaphore
-from ._stream import Stream
+from ._stream import Stream, expect_stream
 
 __all__ = (
     "add_signal_node",
@@ -200,10 +200,6 @@ async def launch_graph(graph_exec: object, stream: Stream) -> None:
     launch runs. Raises ``TypeError`` for a bad handle or a stream that is not a
     :class:`Stream`, ``anyio.ClosedResourceError`` for a closed stream, and
     :class:`CudaError` if the driver refuses the launch."""
-    if not isinstance(stream, Stream):
-        raise TypeError(
-            f"launch_graph() takes an aiocudasem.Stream, not {type(stream).__name__}: adopt a "
-            "foreign stream with aiocudasem.Stream.adopt()"
-        )
+    stream = expect_stream(stream, "launch_graph()")
     stream.driver.graph_launch(_handle(graph_exec, "graph_exec"), stream.handle)
     await stream.wait_complete()

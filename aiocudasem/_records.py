@@ -40,7 +40,7 @@ from ._checks import check_uint
 from ._entries import Signal, Wait
 from ._events import IpcEvent, IpcEventHandle, create_ipc_event, open_ipc_event
 from ._processes import _check_stream
-from ._stream import Stream
+from ._stream import Stream, expect_stream
 from ._timeline import LIMIT, HostTimeline, create_host_timeline, open_host_timeline
 
 if TYPE_CHECKING:
@@ -146,11 +146,7 @@ class IpcRecorder:
         ``TypeError`` for anything but a :class:`~aiocudasem.Stream`,
         :class:`~aiocudasem.DeviceMismatchError` for a stream of another device or driver,
         and ``anyio.ClosedResourceError`` once either is closed."""
-        if not isinstance(stream, Stream):
-            raise TypeError(
-                f"record() takes an aiocudasem.Stream, not {type(stream).__name__}: adopt a "
-                "foreign stream with aiocudasem.Stream.adopt()"
-            )
+        expect_stream(stream, "record()")
         if self.closed:
             raise anyio.ClosedResourceError("record() of a closed IpcRecorder")
         self._event._check_stream(stream)
@@ -328,11 +324,7 @@ class IpcRecords:
         (``Wait(count, n)``). Non-blocking. Raises ``TypeError`` for anything but a
         :class:`~aiocudasem.Stream`, ``TypeError``/``ValueError`` for an ``n`` outside
         [1, 2**63), and what :meth:`Stream.enqueue_wait` raises."""
-        if not isinstance(stream, Stream):
-            raise TypeError(
-                f"enqueue_wait() takes an aiocudasem.Stream, not {type(stream).__name__}: adopt "
-                "a foreign stream with aiocudasem.Stream.adopt()"
-            )
+        expect_stream(stream, "enqueue_wait()")
         stream.enqueue_wait(Wait(self._timeline, _check_record(n)))
 
     def abandon(self) -> None:

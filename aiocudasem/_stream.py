@@ -52,7 +52,15 @@ if TYPE_CHECKING:
 
     from ._events import IpcEvent
 
-__all__ = ("Event", "HandOff", "Stream", "open_stream", "wait_external_semaphores", "wait_stream")
+__all__ = (
+    "Event",
+    "HandOff",
+    "Stream",
+    "expect_stream",
+    "open_stream",
+    "wait_external_semaphores",
+    "wait_stream",
+)
 
 #: Handles 0, 1 and 2 (the default, legacy and per-thread default streams) are never waited
 #: for with cuStreamQuery: an event recorded on the legacy stream also waits for the work of
@@ -738,3 +746,14 @@ async def wait_external_semaphores(waits: Wait | Sequence[Wait], stream: object)
     if entries:
         stream.enqueue_wait(entries)
     await stream.wait_complete()
+
+
+def expect_stream(stream: object, where: str) -> Stream:
+    """``stream``, if it is a :class:`Stream`; else ``TypeError`` that ``where`` (a call, as
+    ``"record()"``) takes one, and how to adopt a foreign stream."""
+    if not isinstance(stream, Stream):
+        raise TypeError(
+            f"{where} takes an aiocudasem.Stream, not {type(stream).__name__}: adopt a foreign "
+            "stream with aiocudasem.Stream.adopt()"
+        )
+    return stream
