@@ -508,20 +508,17 @@ def write(
     if ready is not None:
         document["ready"] = ready
         summary["ready"] = summarize_ready(ready)
-    if stages is not None:
-        document["stages"] = stages
-        summary["stages"] = {
-            loop: summarize_stages(e)
-            for loop, e in stages.get("loops", {}).items()
-            if "error" not in e
-        }
-    if progress is not None:
-        document["progress"] = progress
-        summary["progress"] = {
-            loop: summarize_progress(e)
-            for loop, e in progress.get("loops", {}).items()
-            if "error" not in e
-        }
+    for name, section, summarize in (
+        ("stages", stages, summarize_stages),
+        ("progress", progress, summarize_progress),
+    ):
+        if section is not None:  # per loop, those that ran
+            document[name] = section
+            summary[name] = {
+                loop: summarize(e)
+                for loop, e in section.get("loops", {}).items()
+                if "error" not in e
+            }
     if service is not None:
         document["service"] = service
         summary["service"] = {
